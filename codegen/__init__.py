@@ -1,0 +1,1 @@
+"""flashgen code generation: spec -> plan -> rendered CUDA source -> NVRTC cubin -> launch."""
