@@ -1,0 +1,124 @@
+"""The tensor API: `attention(q, k, v, ...)` on torch tensors, with every input checked before launch."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from . import build as _build
+from .spec import KernelSpec, SpecError
+
+LOG2E = 1.4426950408889634
+LAYOUTS = ("bshd", "bhsd")
+_TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16"}
+MAX_GRID_YZ = 65535
+
+
+class InputError(ValueError):
+    """An input the kernel cannot take; raised before anything is launched."""
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    spec: KernelSpec
+    device_index: int
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded(key: KernelKey):
+    from . import driver
+
+    built = _build.build(key.spec)
+    kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, built.plan.smem.total, key.device_index)
+    return built, kernel
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+              layout: str = "bshd", pv_split: tuple[int, ...] | None = None):
+    """Softmax(q k^T * scale) v for q, k, v of shape (B, S, H, D), or (B, H, S, D) with layout="bhsd".
+
+    Returns o in the same layout as q (and, with return_lse, the (B, H, S) float32 natural-log logsumexp).
+    The kernel specialized for (S, H, D, dtype, causal, split) is generated, compiled and cached on first use.
+    """
+    import torch
+
+    batch, seq, heads, dim = _check_inputs(q, k, v, layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(dim)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale must be a positive finite number, got {scale!r}")
+    try:
+        spec = KernelSpec(seq_len=seq, heads=heads, head_dim=dim, dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]],
+                          causal=bool(causal), pv_split=tuple(pv_split or ()))
+    except SpecError as e:
+        raise InputError(str(e)) from None
+
+    built, kernel = _loaded(KernelKey(spec, q.device.index or 0))
+    plan = built.plan
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
+
+    from . import driver
+
+    maps = []
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o)):
+        sb, ss, sh = _strides_bshd(tensor, layout)
+        params = getattr(plan, name).tensor_map.instantiate(
+            batch=batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
+        maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    driver.launch(kernel, plan.grid(batch), plan.threads, stream,
+                  maps + [lse.data_ptr(), float(scale * LOG2E)])
+    return (o, lse) if return_lse else o
+
+
+def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
+    """Element strides of (batch, seq, head) whatever the layout."""
+    if layout == "bshd":
+        return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride(0), t.stride(2), t.stride(1)
+
+
+def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
+    import torch
+
+    if layout not in LAYOUTS:
+        raise InputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must have rank 4 ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}), "
+                             f"got shape {tuple(t.shape)}")
+        if t.device.type != "cuda":
+            raise InputError(f"{name} is on {t.device}; flashgen kernels run on a CUDA device")
+        if str(t.dtype).split(".")[-1] not in _TORCH_DTYPES:
+            raise InputError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.shape == k.shape == v.shape):
+        raise InputError(f"q, k, v must have the same shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if layout == "bshd":
+        batch, seq, heads, dim = q.shape
+    else:
+        batch, heads, seq, dim = q.shape
+    if min(batch, seq, heads, dim) < 1:
+        raise InputError(f"every dimension must be at least 1, got {tuple(q.shape)}")
+    if batch > MAX_GRID_YZ or heads > MAX_GRID_YZ:
+        raise InputError(f"batch and heads must be at most {MAX_GRID_YZ} (grid limits), got {batch}, {heads}")
+    elem = q.element_size()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1:
+            raise InputError(f"{name}'s head dimension must be contiguous (stride 1), got stride {t.stride(3)}; "
+                             "call .contiguous()")
+        for axis in range(3):
+            if t.shape[axis] > 1 and (t.stride(axis) * elem) % 16:
+                raise InputError(f"{name}.stride({axis}) = {t.stride(axis)} elements is not a multiple of 16 bytes, "
+                                 "which the tensor memory accelerator requires")
+        if t.data_ptr() % 16:
+            raise InputError(f"{name}'s data pointer is not 16-byte aligned")
+    return batch, seq, heads, dim

@@ -1,0 +1,66 @@
+"""Spec -> plan -> rendered source -> NVRTC cubin, plus the manifest that describes how to launch it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .nvrtc import CompileResult, compile_cuda
+from .plan import Plan, make_plan
+from .render import RenderedKernel, render
+from .spec import KernelSpec
+
+# Order of the kernel's parameters; the manifest and every launcher follow it.
+ARGUMENTS = (
+    ("tmap_q", "CUtensorMap (by value, __grid_constant__)"),
+    ("tmap_k", "CUtensorMap (by value, __grid_constant__)"),
+    ("tmap_v", "CUtensorMap (by value, __grid_constant__)"),
+    ("tmap_o", "CUtensorMap (by value, __grid_constant__)"),
+    ("lse", "float* (B, H, S) contiguous, natural-log logsumexp of each row"),
+    ("scale_log2", "float: softmax scale * log2(e)"),
+)
+
+
+@dataclass(frozen=True)
+class BuiltKernel:
+    plan: Plan
+    rendered: RenderedKernel
+    compiled: CompileResult
+    render_seconds: float
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.plan.spec
+
+    def manifest(self) -> dict:
+        plan, spec = self.plan, self.plan.spec
+        tensor_maps = {}
+        for name in ("q", "k", "v", "o"):
+            recipe = getattr(plan, name).tensor_map
+            tensor_maps[name] = recipe.describe()
+        kernel = self.rendered.kernel_name
+        return {
+            "kernel": kernel,
+            "spec": spec.to_json(),
+            "arch": spec.arch,
+            "grid": {"x": "ceil(S / block_m) = %d" % plan.m_blocks, "y": "heads = %d" % spec.heads, "z": "batch"},
+            "block": [plan.threads, 1, 1],
+            "dynamic_smem_bytes": plan.smem.total,
+            "arguments": [{"name": n, "type": t} for n, t in ARGUMENTS],
+            "tensor_maps": tensor_maps,
+            "global_layout": "q, k, v, o: (B, S, H, D) or any strides with D contiguous; lse: (B, H, S) float32",
+            "registers": self.compiled.registers.get(kernel),
+            "spill_stores": self.compiled.spill_stores.get(kernel, 0),
+            "spill_loads": self.compiled.spill_loads.get(kernel, 0),
+            "source_sha256": self.rendered.sha256,
+            "nvrtc_version": ".".join(map(str, self.compiled.nvrtc_version)),
+        }
+
+
+def build(spec: KernelSpec, *, probe: bool = False, use_cache: bool = True) -> BuiltKernel:
+    plan = make_plan(spec)
+    t0 = time.perf_counter()
+    rendered = render(plan, probe=probe)
+    render_seconds = time.perf_counter() - t0
+    compiled = compile_cuda(rendered.source, arch=spec.arch, name=rendered.kernel_name + ".cu", use_cache=use_cache)
+    return BuiltKernel(plan, rendered, compiled, render_seconds)

@@ -1,0 +1,108 @@
+"""The CUDA driver side: context, module loading, tensor maps and launches, through cuda.bindings.driver.
+
+Only this module talks to the driver. It shares PyTorch's primary context, so tensors allocated by torch
+and kernels launched here see the same memory and streams.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+from cuda.bindings import driver as cu
+
+import layouts
+
+TENSOR_MAP_BYTES = 128
+_TMA_DTYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+_TMA_SWIZZLE = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+
+
+class DriverError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error."""
+
+
+def check(result, what: str):
+    """Unpack a cuda.bindings result tuple, raising DriverError on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        _, text = cu.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else name
+        text = text.decode() if isinstance(text, bytes) else text
+        raise DriverError(f"{what} failed: {name}: {text}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.lru_cache(maxsize=None)
+def context(device_index: int):
+    """Make the device's primary context (the one PyTorch uses) current and return it."""
+    check(cu.cuInit(0), "cuInit")
+    device = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    ctx = check(cu.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    module: object
+    function: object
+    dynamic_smem: int
+
+
+def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -> LoadedKernel:
+    check(cu.cuCtxSetCurrent(context(device_index)), "cuCtxSetCurrent")
+    module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+    function = check(cu.cuModuleGetFunction(module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
+    check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                dynamic_smem), "cuFuncSetAttribute(max dynamic shared memory)")
+    return LoadedKernel(module, function, dynamic_smem)
+
+
+def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:
+    """cuTensorMapEncodeTiled from derived, already validated parameters; returns the 128 opaque bytes."""
+    tmap = check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, _TMA_DTYPE[params.dtype]),
+        params.rank,
+        global_address,
+        [cu.cuuint64_t(d) for d in params.dims],
+        [cu.cuuint64_t(s) for s in params.strides_bytes],
+        [cu.cuuint32_t(b) for b in params.box],
+        [cu.cuuint32_t(e) for e in params.elem_strides],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, _TMA_SWIZZLE[params.swizzle_bytes]),
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    ), f"cuTensorMapEncodeTiled(dims={params.dims}, strides={params.strides_bytes}, box={params.box})")
+    raw = b"".join(int(w).to_bytes(8, "little") for w in tmap.opaque)
+    assert len(raw) == TENSOR_MAP_BYTES
+    return raw
+
+
+class _Aligned128(ctypes.Structure):
+    _fields_ = [("raw", ctypes.c_uint8 * TENSOR_MAP_BYTES)]
+    _align_ = 128
+
+
+def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream: int, args: list) -> None:
+    """Launch with `args` in the kernel's parameter order: bytes (a tensor map), int (a pointer), float."""
+    holders = []
+    for arg in args:
+        if isinstance(arg, bytes):
+            holder = _Aligned128()
+            ctypes.memmove(ctypes.addressof(holder), arg, TENSOR_MAP_BYTES)
+        elif isinstance(arg, float):
+            holder = ctypes.c_float(arg)
+        elif isinstance(arg, int):
+            holder = ctypes.c_uint64(arg)
+        else:
+            raise TypeError(f"unsupported kernel argument {arg!r}")
+        holders.append(holder)
+    pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+    check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream,
+                            ctypes.addressof(pointers), 0), "cuLaunchKernel")

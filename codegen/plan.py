@@ -1,0 +1,185 @@
+"""The plan: every number the kernel template needs, resolved from a KernelSpec.
+
+Tile defaults, warp roles, the shared-memory map, barriers and register budgets are decided here; every
+layout number (tile bytes, wgmma descriptors, the O staging formula, tensor-map boxes) is taken from
+`layouts.derive_operand`, which verifies each derivation before returning it. The template renders the plan
+and invents nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import layouts
+from layouts import fragments
+
+from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
+
+# Tile choices per head dim. The reason for each is measured, in bench/LOG.md; these are the first versions.
+#   D=64, 128: block_n 128 keeps S (64 f32/thread) + O (<=64) + P within the consumers' 240 registers.
+#   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32.
+DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
+# The PV split: the first chunk's MMAs start while the exponentials of the rest are computed.
+DEFAULT_PV_SPLIT = {128: (96, 32), 64: (32, 32)}
+
+THREADS_PER_WARPGROUP = 128
+PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
+CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 registers per SM
+SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+SMEM_ALIGN_SLACK = 1024  # the kernel rounds its dynamic base up to 1024 bytes
+
+
+def resolve(spec: KernelSpec) -> KernelSpec:
+    """Fill the spec's defaults (block_n, pv_split) and check what depends on them."""
+    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
+    split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
+    if sum(split) != block_n:
+        raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
+    return spec.replace(block_n=block_n, pv_split=tuple(split))
+
+
+@dataclass(frozen=True)
+class SmemMap:
+    q_offset: int
+    q_bytes: int  # one consumer's Q tile (also its O staging tile)
+    k_offset: int
+    k_bytes: int  # one stage
+    v_offset: int
+    v_bytes: int
+    bar_offset: int
+    barriers: int
+    total: int  # dynamic shared memory to request, alignment slack included
+
+
+@dataclass(frozen=True)
+class PvChunk:
+    first: int  # first 16-key slice
+    count: int  # slices in this chunk
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: KernelSpec  # resolved: no defaults left
+
+    @cached_property
+    def q(self) -> layouts.OperandDerivation:
+        return self._derive("q", ROWS_PER_CONSUMER)
+
+    @cached_property
+    def k(self) -> layouts.OperandDerivation:
+        return self._derive("k", self.spec.block_n)
+
+    @cached_property
+    def v(self) -> layouts.OperandDerivation:
+        return self._derive("v", self.spec.block_n)
+
+    @cached_property
+    def o(self) -> layouts.OperandDerivation:
+        return self._derive("o", ROWS_PER_CONSUMER)
+
+    def _derive(self, operand: str, rows: int) -> layouts.OperandDerivation:
+        s = self.spec
+        return layouts.derive_operand(operand, arch=s.arch, head_dim=s.head_dim, block_rows=rows, dtype=s.dtype)
+
+    @property
+    def threads(self) -> int:
+        return 3 * THREADS_PER_WARPGROUP
+
+    @property
+    def kv_blocks(self) -> int:
+        return -(-self.spec.seq_len // self.spec.block_n)
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.spec.seq_len // self.spec.block_m)
+
+    @property
+    def pv_chunks(self) -> tuple[PvChunk, ...]:
+        chunks, first = [], 0
+        for size in self.spec.pv_split:
+            chunks.append(PvChunk(first, size // MMA_K))
+            first += size // MMA_K
+        return tuple(chunks)
+
+    @cached_property
+    def smem(self) -> SmemMap:
+        s = self.spec
+        if self.o.smem_bytes != self.q.smem_bytes or self.o.smem_align != self.q.smem_align:
+            # O is staged in the consumer's own Q tile, so it must fit that tile exactly.
+            raise SpecError("the O staging tile must have the Q tile's size and alignment")
+        offset = 0
+        placed = {}
+        for name, derivation, count in (("q", self.q, 2), ("k", self.k, s.stages), ("v", self.v, s.stages)):
+            offset = _align(offset, derivation.smem_align)
+            placed[name] = (offset, derivation.smem_bytes)
+            offset += count * derivation.smem_bytes
+        barriers = 1 + 3 * s.stages
+        bar_offset = _align(offset, 8)
+        total = bar_offset + 8 * barriers + SMEM_ALIGN_SLACK
+        if total > SMEM_LIMIT:
+            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; "
+                            "use fewer stages or a smaller block_n")
+        for name, (off, nbytes) in placed.items():
+            derivation = getattr(self, name)
+            assert off % derivation.smem_align == 0 and nbytes % derivation.smem_align == 0, name
+        return SmemMap(q_offset=placed["q"][0], q_bytes=placed["q"][1], k_offset=placed["k"][0],
+                       k_bytes=placed["k"][1], v_offset=placed["v"][0], v_bytes=placed["v"][1],
+                       bar_offset=bar_offset, barriers=barriers, total=total)
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        return (self.m_blocks, self.spec.heads, batch)
+
+    def template_context(self, *, probe: bool = False) -> dict:
+        s = self.spec
+        acc = fragments.wgmma_accumulator_c()
+        return {
+            "summary": f"{s.name}: S={s.seq_len} H={s.heads} D={s.head_dim} {s.dtype} "
+                       f"{'causal' if s.causal else 'non-causal'}, block {s.block_m}x{s.block_n}, "
+                       f"PV split {'+'.join(map(str, s.pv_split))}, {s.stages} stages",
+            "kernel_name": kernel_name(s, probe=probe),
+            "probe": probe,
+            "ptx_type": s.dtype,
+            "seq_len": s.seq_len,
+            "heads": s.heads,
+            "head_dim": s.head_dim,
+            "block_m": s.block_m,
+            "block_n": s.block_n,
+            "rows_per_consumer": ROWS_PER_CONSUMER,
+            "stages": s.stages,
+            "causal": s.causal and not probe,
+            "kv_blocks": 1 if probe else self.kv_blocks,  # the probe reads one K/V block
+            "tail_mask": s.seq_len % s.block_n != 0,
+            "threads": self.threads,
+            "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,
+            "producer_regs": PRODUCER_REGS,
+            "consumer_regs": CONSUMER_REGS,
+            "smem": self.smem,
+            "q_desc": self.q.descriptors(),
+            "k_desc": self.k.descriptors(),
+            "v_desc": self.v.descriptors(),
+            "k_trans": self.k.mma_transpose,
+            "v_trans": self.v.mma_transpose,
+            "o_offset_c": self.o.formula_c,
+            "acc_row_c": acc.row_c,
+            "acc_col_c": acc.col_c,
+            "pv_chunks": self.pv_chunks,
+            "pv_chunk_sizes": list(s.pv_split),
+            "q_coords": self.q.tensor_map.coords_c(row="row0"),
+            "k_coords": self.k.tensor_map.coords_c(row="row0"),
+            "v_coords": self.v.tensor_map.coords_c(row="row0"),
+            "o_coords": self.o.tensor_map.coords_c(row="row0"),
+        }
+
+
+def kernel_name(spec: KernelSpec, *, probe: bool = False) -> str:
+    return spec.name + ("_probe" if probe else "")
+
+
+def make_plan(spec: KernelSpec) -> Plan:
+    return Plan(resolve(spec))
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a
+

@@ -1,0 +1,96 @@
+"""KernelSpec: the frozen description of one specialized attention kernel.
+
+A spec is everything that changes the emitted source. Runtime quantities that do not (batch size, the
+tensors' strides and addresses, the softmax scale) stay out of it, so one compiled kernel serves every
+batch and both (B, S, H, D) and (B, H, S, D) inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+SUPPORTED_ARCHS = ("sm_90a",)
+SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
+ROWS_PER_CONSUMER = 64
+MMA_K = 16
+
+
+class SpecError(ValueError):
+    """A spec the generator cannot emit a correct kernel for."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    seq_len: int
+    heads: int
+    head_dim: int
+    dtype: str = "f16"
+    causal: bool = False
+    arch: str = "sm_90a"
+    block_m: int = 128
+    block_n: int = 0  # 0: the per-head-dim default of codegen.plan
+    pv_split: tuple[int, ...] = ()  # () : the default split for this shape
+    stages: int = 2
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
+                 f"seq_len must be a positive integer, got {self.seq_len!r}")
+        _require(self.seq_len < 2**31, f"seq_len {self.seq_len} does not fit the kernel's 32-bit row index")
+        _require(isinstance(self.heads, int) and self.heads >= 1, f"heads must be a positive integer, got {self.heads!r}")
+        _require(self.head_dim in SUPPORTED_HEAD_DIMS,
+                 f"head_dim {self.head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+        _require(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose f16 or bf16")
+        _require(self.arch in SUPPORTED_ARCHS,
+                 f"arch {self.arch!r} has no runnable kernel template; supported: {SUPPORTED_ARCHS} "
+                 "(Blackwell layouts are derived and verified by `gen.py layout`, not emitted as kernels yet)")
+        _require(self.block_m == 2 * ROWS_PER_CONSUMER,
+                 f"block_m must be {2 * ROWS_PER_CONSUMER} (two consumer warpgroups of {ROWS_PER_CONSUMER} rows)")
+        if self.block_n:
+            _require(self.block_n in (64, 128),
+                     f"block_n {self.block_n} must be 64 or 128 (a power of two, so the shared-memory layout "
+                     "is GF(2)-linear, and small enough that S and O fit the consumer's registers)")
+        _require(self.stages in (1, 2, 3, 4), f"stages must be 1..4, got {self.stages}")
+        if self.pv_split:
+            _require(all(isinstance(c, int) and c > 0 and c % MMA_K == 0 for c in self.pv_split),
+                     f"every pv_split chunk must be a positive multiple of {MMA_K}, got {self.pv_split}")
+            if self.block_n:
+                _require(sum(self.pv_split) == self.block_n,
+                         f"pv_split {self.pv_split} must add up to block_n {self.block_n}")
+
+    @property
+    def elem_bytes(self) -> int:
+        return SUPPORTED_DTYPES[self.dtype]
+
+    @property
+    def name(self) -> str:
+        """File-name-safe identifier; also the kernel's symbol name."""
+        split = "x".join(str(c) for c in self.pv_split) or "auto"
+        mask = "causal" if self.causal else "full"
+        bn = self.block_n or "auto"
+        return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
+                f"_m{self.block_m}n{bn}_pv{split}_st{self.stages}")
+
+    def replace(self, **changes) -> "KernelSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["pv_split"] = list(self.pv_split)
+        return d
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise SpecError(message)
+
+
+def parse_split(text: str) -> tuple[int, ...]:
+    """'96,32' or '96+32' -> (96, 32)."""
+    parts = text.replace("+", ",").split(",")
+    try:
+        return tuple(int(p) for p in parts if p.strip())
+    except ValueError:
+        raise SpecError(f"--split expects chunk sizes like 96,32; got {text!r}") from None
