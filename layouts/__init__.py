@@ -1,0 +1,32 @@
+"""flashgen's layout algebra: derive every shared-memory layout, MMA descriptor and TMA tensor map,
+and verify each against an independent model of the hardware before a kernel uses it.
+
+Modules, one job each:
+
+* ``linear``   -- ``LinearLayout``: GF(2)-affine maps stored as basis images
+* ``swizzle``  -- the 32/64/128-byte swizzles, in address bits
+* ``tma``      -- cuTensorMapEncodeTiled limits and a model of where a TMA box lands in shared memory
+* ``mma``      -- wgmma / tcgen05 shared-memory descriptors and a model of which byte an MMA reads
+* ``cexpr``    -- safe parser/evaluator for C integer expressions
+* ``derive``   -- closed-form formulas (sympy and C) read off a layout
+* ``verify``   -- basis-vector and exhaustive comparison of two maps, seed-style reports
+* ``operands`` -- ``derive_operand``: the Q/K/V/O tiles the kernels stage, derived and verified
+* ``seed``     -- the B300 story's V layout, its two wrong formulas and its wrong 4-D box
+* ``cli``      -- ``gen.py layout`` and ``gen.py verify``
+"""
+
+from .errors import LayoutError
+from .linear import LinearLayout
+from .operands import OperandDerivation, TensorMapRecipe, derive_operand
+from .swizzle import Swizzle
+from .tma import TensorMapParams
+
+__all__ = [
+    "LayoutError",
+    "LinearLayout",
+    "OperandDerivation",
+    "Swizzle",
+    "TensorMapParams",
+    "TensorMapRecipe",
+    "derive_operand",
+]

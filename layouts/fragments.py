@@ -1,0 +1,106 @@
+"""Register fragments of wgmma (sm_90a) as linear layouts, and the C expressions templates index them with.
+
+PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for wgmma .m64nNk16:
+
+* accumulator D (64 x N, f32): thread t of the warpgroup (warp = t / 32, lane = t % 32) holds N/2 values;
+  value i sits at  row = 16*warp + 8*((i >> 1) & 1) + lane / 4,   col = 8*(i >> 2) + 2*(lane % 4) + (i & 1).
+* A from registers (64 x 16, 16-bit): four 32-bit registers of two values each; value r (0..7) sits at
+  row = 16*warp + 8*((r >> 1) & 1) + lane / 4,   k = 8*(r >> 2) + 2*(lane % 4) + (r & 1).
+
+Bit diagram of the accumulator map (input bits on the left, the output bit each one sets):
+
+    lane: b0 -> col 2   b1 -> col 4   b2 -> row 1   b3 -> row 2   b4 -> row 4
+    warp: b0 -> row 16  b1 -> row 32
+    reg : b0 -> col 1   b1 -> row 8   b2.. -> col 8, 16, 32, ...
+
+The A layout is the same diagram with N = 16, which is why a 16-column slice of the S accumulator is, value
+for value, the A operand of P V: `s_slice_is_a_operand` proves it for every slice before a template relies on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import LayoutError
+from .linear import LinearLayout, log2_exact
+
+
+def _accumulator_bases(n: int) -> dict[str, list[dict[str, int]]]:
+    reg_bits = log2_exact(n // 2, f"wgmma accumulator registers for N={n}")
+    reg = [{"row": 0, "col": 1}, {"row": 8, "col": 0}] + [{"row": 0, "col": 8 << b} for b in range(reg_bits - 2)]
+    return {
+        "lane": [{"row": 0, "col": 2}, {"row": 0, "col": 4}, {"row": 1, "col": 0}, {"row": 2, "col": 0},
+                 {"row": 4, "col": 0}],
+        "warp": [{"row": 16, "col": 0}, {"row": 32, "col": 0}],
+        "reg": reg[:reg_bits],
+    }
+
+
+def wgmma_accumulator(n: int) -> LinearLayout:
+    """(lane, warp, reg) -> (row, col) of the 64 x n f32 accumulator of one warpgroup."""
+    if not 8 <= n <= 256 or n % 8:
+        raise LayoutError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    return LinearLayout(_accumulator_bases(n), {"lane": 32, "warp": 4, "reg": n // 2}, {"row": 64, "col": n})
+
+
+def wgmma_a_registers() -> LinearLayout:
+    """(lane, warp, reg) -> (row, k) of the 64 x 16 A operand held in registers (16-bit types, 8 values)."""
+    bases = {dim: [{"row": b["row"], "k": b["col"]} for b in images]
+             for dim, images in _accumulator_bases(16).items()}
+    return LinearLayout(bases, {"lane": 32, "warp": 4, "reg": 8}, {"row": 64, "k": 16})
+
+
+def s_slice_is_a_operand(n: int) -> None:
+    """Check that accumulator values 8j..8j+7 of a 64 x n S tile are, in order, the A operand of slice j."""
+    acc, a = wgmma_accumulator(n), wgmma_a_registers()
+    for j in range(n // 16):
+        for lane in range(32):
+            for warp in range(4):
+                for r in range(8):
+                    s = acc.apply({"lane": lane, "warp": warp, "reg": 8 * j + r})
+                    p = a.apply({"lane": lane, "warp": warp, "reg": r})
+                    if (s["row"], s["col"] - 16 * j) != (p["row"], p["k"]):
+                        raise LayoutError(
+                            f"S value {8 * j + r} of lane {lane}, warp {warp} is ({s['row']}, {s['col']}), but A "
+                            f"register value {r} of slice {j} is (row {p['row']}, k {16 * j + p['k']})")
+
+
+@dataclass(frozen=True)
+class FragmentC:
+    row_c: str  # over `warp`, `lane`, `i`
+    col_c: str
+
+
+def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> str:
+    """C expression for one output dim of a layout whose basis images are single bits (no XOR mixing).
+
+    Runs of consecutive input bits that land on consecutive output bits become one `((x >> a) & m) << b`.
+    """
+    terms = []
+    for in_dim, images in layout.bases.items():
+        bits = [(i, img.get(out_dim, 0)) for i, img in enumerate(images) if img.get(out_dim, 0)]
+        for i, value in bits:
+            if value & (value - 1):
+                raise LayoutError(f"{out_dim} image of {in_dim} bit {i} is {value}, not a single bit")
+        run_start = None
+        for idx, (i, value) in enumerate(bits):
+            if run_start is None:
+                run_start = idx
+            nxt = bits[idx + 1] if idx + 1 < len(bits) else None
+            if nxt is None or nxt[0] != i + 1 or nxt[1] != value * 2:
+                first_in, first_out = bits[run_start]
+                width = idx - run_start + 1
+                source = f"({names[in_dim]} >> {first_in})" if first_in else names[in_dim]
+                term = f"({source} & {(1 << width) - 1})"
+                shift = first_out.bit_length() - 1
+                terms.append(f"({term} << {shift})" if shift else term)
+                run_start = None
+    return " | ".join(terms) if terms else "0"
+
+
+def wgmma_accumulator_c(n: int = 256) -> FragmentC:
+    """Row and column of accumulator value `i` of thread (warp, lane), for any N (the high reg bits only add
+    columns, so the N=256 expression serves every smaller N)."""
+    acc = wgmma_accumulator(n)
+    names = {"lane": "lane", "warp": "warp", "reg": "i"}
+    return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names))

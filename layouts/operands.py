@@ -1,0 +1,288 @@
+"""Derive, and verify, every shared-memory layout a flashgen kernel stages.
+
+For one operand tile (Q, K, V or the O epilogue tile) on one architecture this module produces the
+layout (coordinates -> byte offset), its closed-form formula, the MMA descriptors that read it and the
+TMA tensor map that writes it, and then proves the three agree using the independent hardware models
+in ``mma`` and ``tma``. ``derive_operand`` raises ``LayoutError`` unless everything matches, so code
+generation can use the numbers without re-checking them.
+
+The staged tiles (global tensors are (B, S, H, D), D contiguous, 16-bit elements):
+
+* Row tiles, used for Q, K and O everywhere and for V on sm_90a: ``[d_blk = col // 64][row][col % 64]``
+  with a 128-byte swizzle, i.e. each 64-column block is a stack of 128-byte rows and column blocks
+  are ``rows * 128`` bytes apart. K-major for Q and K (rows = M or N, cols = K), MN-major for V (rows =
+  keys = K, cols = head dim = N), so V needs no transpose (wgmma's transpose bit does it).
+* Key-group atoms, V on sm_100a/sm_103a (the seed's V47 layout): 8 keys x 64 head-dim columns form a
+  1024-byte atom; atoms along the head dim are adjacent, then the next group of 8 keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .cexpr import compile_c_expr
+from .derive import closed_form, to_c
+from .errors import LayoutError
+from .linear import LinearLayout
+from .mma import ARCH_DESCRIPTOR_KIND, MMA_K_BYTES, SmemDescriptor, check_footprint, mma_read_byte
+from .swizzle import SWIZZLE_128B, Swizzle
+from .tma import TensorMapParams, place_box
+from .verify import Mismatch, compare_maps
+
+ARCHES = ("sm_90a", "sm_100a", "sm_103a")
+OPERANDS = ("q", "k", "v", "o")
+DTYPE_BYTES = {"f16": 2, "bf16": 2}
+HEAD_DIMS = (64, 128, 256)
+MIN_BLOCK_ROWS, MAX_BLOCK_ROWS = 8, 256
+WGMMA_M = 64          # wgmma is always m64
+TCGEN05_MAX_M = 128   # cta_group::1 tcgen05.mma goes up to M = 128
+SMEM_ALIGN = 1024     # the 128-byte swizzle pattern's boundary
+COORDS = {"q": ("m", "k"), "k": ("n", "k"), "v": ("k", "n"), "o": ("m", "n")}
+
+
+@dataclass(frozen=True)
+class TensorMapRecipe:
+    """How to build the tensor map that writes this tile; ``instantiate`` fills in a real tensor."""
+
+    kind: str                 # "row_tiles" or "key_group_atoms"
+    rank: int
+    box: tuple
+    box_bytes: int
+    swizzle: Swizzle
+    dtype: str
+    elem_bytes: int
+    head_dim: int
+    block_rows: int
+    dims_symbolic: tuple
+    strides_symbolic: tuple
+
+    def instantiate(self, *, batch: int, seq_len: int, heads: int, stride_b: int, stride_s: int,
+                    stride_h: int, base_address: int = 0) -> TensorMapParams:
+        """The cuTensorMapEncodeTiled arguments for a (B, S, H, D) tensor; strides in elements."""
+        e, d_blocks = self.elem_bytes, self.head_dim // 64
+        if self.kind == "row_tiles":
+            dims = (64, seq_len, d_blocks, heads, batch)
+            strides = (stride_s * e, 64 * e, stride_h * e, stride_b * e)
+        else:
+            if seq_len % 8:
+                raise LayoutError(f"seq_len {seq_len}: the key-group map walks keys in groups of 8")
+            if batch > 1 and stride_b != seq_len * stride_s:
+                raise LayoutError("the key-group map folds batch into the key-group dim, so stride_b must be seq_len * stride_s")
+            dims = (64, 8, d_blocks, heads, batch * seq_len // 8)
+            strides = (stride_s * e, 64 * e, stride_h * e, 8 * stride_s * e)
+        return TensorMapParams(self.rank, dims, strides, self.box, (1,) * self.rank,
+                               self.swizzle.span_bytes, e, self.dtype, base_address)
+
+    def box_origin(self, *, batch_index: int, seq_start: int, head: int, seq_len: int) -> tuple:
+        """Tensor-map coordinates (innermost first) of the tile's first element."""
+        if self.kind == "row_tiles":
+            return (0, seq_start, 0, head, batch_index)
+        if seq_start % 8:
+            raise LayoutError(f"seq_start {seq_start}: key-group tiles start on a multiple of 8 keys")
+        return (0, 0, 0, head, (batch_index * seq_len + seq_start) // 8)
+
+    def describe(self) -> dict:
+        return {"rank": self.rank, "dims": list(self.dims_symbolic), "strides_bytes": list(self.strides_symbolic),
+                "box": list(self.box), "box_bytes": self.box_bytes, "elem_strides": [1] * self.rank,
+                "swizzle": self.swizzle.name, "interleave": "none"}
+
+
+@dataclass(frozen=True, eq=False)
+class OperandDerivation:
+    """Everything the kernel generator needs about one staged tile (see the module docstring)."""
+
+    operand: str
+    arch: str
+    dtype: str
+    elem_bytes: int
+    head_dim: int
+    block_rows: int
+    coords: dict
+    layout: LinearLayout
+    formula: sympy.Expr
+    formula_c: str
+    smem_bytes: int
+    smem_align: int
+    swizzle: Swizzle
+    mma_major: str | None
+    mma_transpose: int | None
+    mma_rows: int
+    mma_k: int
+    tensor_map: TensorMapRecipe
+    descriptor_kind: str | None = None
+    _slices: tuple = field(default=(), repr=False)
+
+    # ----- MMA descriptors -------------------------------------------------------------------
+
+    def _row_and_k_names(self) -> tuple[str, str]:
+        return (self.coords_names[1], self.coords_names[0]) if self.mma_major == "MN" else self.coords_names
+
+    @property
+    def coords_names(self) -> tuple[str, str]:
+        return tuple(self.coords)
+
+    def descriptor_objects(self) -> list[SmemDescriptor]:
+        """One descriptor per K slice of ``mma_k``, for a tile placed at shared address 0."""
+        if self.mma_major is None:
+            return []
+        row_name, k_name = self._row_and_k_names()
+        at = lambda **c: int(self.layout(**{row_name: 0, k_name: 0, **c}))
+        if self.mma_major == "K":
+            sbo = at(**{row_name: 8}) - at()   # next 8-row group along M/N
+            lbo = 16                           # unused for swizzled K-major; PTX: "assumed to be 1"
+        else:
+            sbo = at(**{k_name: 8}) - at()     # next 8-row group along K
+            atom_cols = self.swizzle.span_bytes // self.elem_bytes
+            # LBO: next atom along M/N; with a single atom in the footprint it is never used.
+            lbo = at(**{row_name: atom_cols}) - at() if self.coords[row_name] > atom_cols else 16
+        return [SmemDescriptor(self.descriptor_kind, at(**{k_name: k0}), lbo, sbo, self.swizzle)
+                for k0 in self._slices]
+
+    def descriptors(self) -> list[int]:
+        """Encoded 64-bit descriptors, one per K slice; add ``smem_addr >> 4`` to bits 0-13 in the kernel."""
+        return [d.encode() for d in self.descriptor_objects()]
+
+    def descriptor_fields(self) -> dict:
+        """Fields of the first slice's descriptor, plus every slice's start address (bytes)."""
+        descs = self.descriptor_objects()
+        if not descs:
+            return {}
+        fields = descs[0].fields()
+        fields.update(major=self.mma_major, transpose=self.mma_transpose, footprint_rows=self.mma_rows,
+                      footprint_k=self.mma_k, slice_start_bytes=[d.start_address for d in descs])
+        return fields
+
+    # ----- verification ----------------------------------------------------------------------
+
+    def _verify_descriptors(self) -> list[Mismatch]:
+        found = []
+        row_name, k_name = self._row_and_k_names()
+        for k0, desc in zip(self._slices, self.descriptor_objects()):
+            check_footprint(desc, major=self.mma_major, elem_bytes=self.elem_bytes, rows=self.mma_rows, k=self.mma_k)
+            footprint = {row_name: self.mma_rows, k_name: self.mma_k}
+            expected = lambda c, k0=k0: self.layout.apply_flat({row_name: c[row_name], k_name: c[k_name] + k0})
+            actual = lambda c, desc=desc: mma_read_byte(desc, major=self.mma_major, elem_bytes=self.elem_bytes,
+                                                        row=c[row_name], k=c[k_name])
+            found += compare_maps(footprint, expected, actual, check=f"{self.descriptor_kind} k-slice {k0}")
+        return found
+
+    def _verify_tensor_map(self) -> list[Mismatch]:
+        # A small tensor with every index non-trivial: tile 2 of batch 1, head 2, at a 16-aligned base.
+        heads, batch, seq_len = 3, 2, 4 * self.block_rows
+        stride_h, stride_s = self.head_dim, heads * self.head_dim
+        stride_b = seq_len * stride_s
+        base, seq_start, b, h = 1 << 20, 2 * self.block_rows, 1, 2
+        params = self.tensor_map.instantiate(batch=batch, seq_len=seq_len, heads=heads, stride_b=stride_b,
+                                             stride_s=stride_s, stride_h=stride_h, base_address=base)
+        origin = self.tensor_map.box_origin(batch_index=b, seq_start=seq_start, head=h, seq_len=seq_len)
+        placed = place_box(params, origin)
+        found = []
+        if params.box_bytes != self.smem_bytes:
+            found.append(Mismatch({}, self.smem_bytes, params.box_bytes, None, "tensor map box bytes"))
+        row_name, col_name = self.coords_names
+        seq_name, d_name = (row_name, col_name)
+
+        def global_address(c):
+            return base + self.elem_bytes * (b * stride_b + (seq_start + c[seq_name]) * stride_s
+                                             + h * stride_h + c[d_name])
+
+        found += compare_maps(self.coords, self.layout.apply_flat,
+                              lambda c: placed.smem_for_global(global_address(c)),
+                              decode=self.layout, check="TMA")
+        return found
+
+    def _verify_formula(self) -> list[Mismatch]:
+        fn = compile_c_expr(self.formula_c, self.coords)
+        return compare_maps(self.coords, self.layout.apply_flat, fn, decode=self.layout, check="formula_c")
+
+    def verify(self) -> list[Mismatch]:
+        """All disagreements between the layout, its formula, the descriptor model and the TMA model."""
+        return self._verify_formula() + self._verify_descriptors() + self._verify_tensor_map()
+
+
+def _check_spec(operand, arch, head_dim, block_rows, dtype) -> None:
+    if operand not in OPERANDS:
+        raise LayoutError(f"operand {operand!r}: expected one of {OPERANDS}")
+    if arch not in ARCHES:
+        raise LayoutError(f"arch {arch!r}: flashgen targets {ARCHES} (the 'a' suffix is needed for wgmma/tcgen05)")
+    if dtype not in DTYPE_BYTES:
+        raise LayoutError(f"dtype {dtype!r}: the MMA layouts here are derived for 16-bit {sorted(DTYPE_BYTES)}")
+    if head_dim not in HEAD_DIMS:
+        raise LayoutError(f"head_dim {head_dim}: supported head dims are powers of two {HEAD_DIMS} (64-column swizzle atoms)")
+    if not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1):
+        raise LayoutError(f"block_rows {block_rows}: must be a power of two (tiles are GF(2)-linear layouts)")
+    if not MIN_BLOCK_ROWS <= block_rows <= MAX_BLOCK_ROWS:
+        raise LayoutError(f"block_rows {block_rows}: must be {MIN_BLOCK_ROWS}..{MAX_BLOCK_ROWS} (8-row core matrices, TMA box <= 256)")
+    if operand == "q" and arch == "sm_90a" and block_rows < WGMMA_M:
+        raise LayoutError(f"block_rows {block_rows} for q on sm_90a: wgmma reads M = {WGMMA_M} rows of A")
+    if operand == "v" and block_rows < 16:
+        raise LayoutError(f"block_rows {block_rows} for v: one MMA consumes 16 keys of V (its K)")
+
+
+def _tile_layouts(operand, arch, head_dim, rows, elem_bytes):
+    """(layout, tensor map kind): the unswizzled tile composed with the 128-byte swizzle."""
+    row_name, col_name = COORDS[operand]
+    nbytes = rows * head_dim * elem_bytes
+    atom_cols = SWIZZLE_128B.span_bytes // elem_bytes
+    atom_rows = 8
+    if operand == "v" and arch != "sm_90a":
+        key, col = row_name, col_name
+        group_bytes = (head_dim // atom_cols) * atom_rows * SWIZZLE_128B.span_bytes
+        tile = LinearLayout.from_function(
+            {key: rows, col: head_dim}, {"byte": nbytes},
+            lambda c: ((c[key] >> 3) * group_bytes + (c[col] >> 6) * atom_rows * SWIZZLE_128B.span_bytes
+                       + (c[key] & 7) * SWIZZLE_128B.span_bytes + (c[col] & (atom_cols - 1)) * elem_bytes))
+        kind = "key_group_atoms"
+    else:
+        tile = LinearLayout.from_function(
+            {row_name: rows, col_name: head_dim}, {"byte": nbytes},
+            lambda c: ((c[col_name] >> 6) * rows * SWIZZLE_128B.span_bytes
+                       + c[row_name] * SWIZZLE_128B.span_bytes + (c[col_name] & (atom_cols - 1)) * elem_bytes))
+        kind = "row_tiles"
+    return SWIZZLE_128B.layout(nbytes).compose(tile), kind
+
+
+def _recipe(kind, head_dim, rows, elem_bytes, dtype, nbytes) -> TensorMapRecipe:
+    d_blocks = head_dim // 64
+    e = elem_bytes
+    if kind == "row_tiles":
+        return TensorMapRecipe(kind, 5, (64, rows, d_blocks, 1, 1), nbytes, SWIZZLE_128B, dtype, e, head_dim, rows,
+                               ("64", "S", str(d_blocks), "H", "B"),
+                               (f"stride_s*{e}", str(64 * e), f"stride_h*{e}", f"stride_b*{e}"))
+    return TensorMapRecipe(kind, 5, (64, 8, d_blocks, 1, rows // 8), nbytes, SWIZZLE_128B, dtype, e, head_dim, rows,
+                           ("64", "8", str(d_blocks), "H", "B*S/8"),
+                           (f"stride_s*{e}", str(64 * e), f"stride_h*{e}", f"8*stride_s*{e}"))
+
+
+def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, dtype: str) -> OperandDerivation:
+    """Derive and verify the staged tile of ``operand``; raises LayoutError on any rejection."""
+    _check_spec(operand, arch, head_dim, block_rows, dtype)
+    e = DTYPE_BYTES[dtype]
+    layout, kind = _tile_layouts(operand, arch, head_dim, block_rows, e)
+    formula = closed_form(layout)
+    nbytes = layout.out_size
+    mma_k = MMA_K_BYTES // e
+    if operand in ("q", "k"):
+        major, transpose, slices = "K", 0, tuple(range(0, head_dim, mma_k))
+        if operand == "k":
+            rows = block_rows
+        else:
+            rows = WGMMA_M if arch == "sm_90a" else min(block_rows, TCGEN05_MAX_M)
+    elif operand == "v":
+        major, transpose, rows, slices = "MN", 1, head_dim, tuple(range(0, block_rows, mma_k))
+    else:
+        major, transpose, rows, mma_k, slices = None, None, 0, 0, ()
+    derivation = OperandDerivation(
+        operand=operand, arch=arch, dtype=dtype, elem_bytes=e, head_dim=head_dim, block_rows=block_rows,
+        coords=dict(zip(COORDS[operand], (block_rows, head_dim) if operand != "v" else (block_rows, head_dim))),
+        layout=layout, formula=formula, formula_c=to_c(formula), smem_bytes=nbytes, smem_align=SMEM_ALIGN,
+        swizzle=SWIZZLE_128B, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
+        tensor_map=_recipe(kind, head_dim, block_rows, e, dtype, nbytes),
+        descriptor_kind=ARCH_DESCRIPTOR_KIND[arch] if major else None, _slices=slices)
+    mismatches = derivation.verify()
+    if mismatches:
+        shown = "\n  ".join(str(m) for m in mismatches[:8])
+        raise LayoutError(f"{operand} on {arch} (D={head_dim}, rows={block_rows}, {dtype}) fails verification:\n  {shown}")
+    return derivation
