@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""flashgen command line.
+
+  gen.py --shape S,H,D [--dtype f16|bf16] [--causal] [--split 96,32] [--arch sm_90a] [--run]
+      emit generated/<name>.cu and <name>.json, compile with NVRTC, print registers, spills, shared memory
+      and compile time; --run also runs it on the GPU against a float64 reference.
+  gen.py layout ...   derived shared-memory layouts, descriptors and tensor maps (gen.py layout -h)
+  gen.py verify       check every layout derivation the generator uses
+  gen.py probe        check the layout models against the GPU's real TMA loads and wgmma reads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent
+GENERATED = ROOT / "generated"
+# The kernels checked into generated/ (tests/test_generated.py proves they are current).
+CANONICAL = [dict(seq_len=1024, heads=64, head_dim=128, dtype="f16", causal=False, pv_split=split)
+             for split in ((96, 32), (64, 64))]
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "layout":
+        from layouts.cli import layout_main
+        return layout_main(argv[1:])
+    if argv and argv[0] == "verify":
+        from layouts.cli import verify_main
+        return verify_main(argv[1:])
+    if argv and argv[0] == "probe":
+        return probe_main(argv[1:])
+    if argv and argv[0] == "canonical":
+        return canonical_main(argv[1:])
+    return generate_main(argv)
+
+
+def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None = None) -> None:
+    parser.add_argument("--shape", required=default_shape is None, default=default_shape, metavar="S,H,D",
+                        help="sequence length, heads, head dim")
+    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--split", default="", metavar="96,32", help="PV chunks in keys (default: per shape)")
+    parser.add_argument("--arch", default="sm_90a")
+    parser.add_argument("--block-n", type=int, default=0, help="keys per K/V tile (default: per head dim)")
+    parser.add_argument("--stages", type=int, default=2, help="depth of the K/V ring")
+
+
+def _spec_from(args):
+    from codegen.plan import resolve
+    from codegen.spec import KernelSpec, SpecError, parse_split
+
+    try:
+        s, h, d = (int(x) for x in args.shape.split(","))
+    except ValueError:
+        raise SpecError(f"--shape expects S,H,D as three integers, got {args.shape!r}") from None
+    return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
+                              block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages))
+
+
+def emit(spec, out_dir: pathlib.Path, *, use_cache: bool = True):
+    """Render, compile and write <name>.cu and <name>.json; returns the BuiltKernel."""
+    from codegen.build import build
+
+    built = build(spec, use_cache=use_cache)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{spec.name}.cu").write_text(built.rendered.source)
+    (out_dir / f"{spec.name}.json").write_text(json.dumps(built.manifest(), indent=2) + "\n")
+    return built
+
+
+def generate_main(argv: list[str]) -> int:
+    from codegen.spec import SpecError
+    from layouts import LayoutError
+
+    parser = argparse.ArgumentParser(prog="gen.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _spec_arguments(parser)
+    parser.add_argument("--out", type=pathlib.Path, default=GENERATED, help="output folder (default generated/)")
+    parser.add_argument("--no-cache", action="store_true", help="compile even if the cubin is cached")
+    parser.add_argument("--run", action="store_true", help="run on the GPU against a float64 reference")
+    parser.add_argument("--batch", type=int, default=1, help="batch size for --run")
+    args = parser.parse_args(argv)
+    try:
+        spec = _spec_from(args)
+        print(f"generating {spec.name}", flush=True)
+        t0 = time.perf_counter()
+        built = emit(spec, args.out, use_cache=not args.no_cache)
+        total = time.perf_counter() - t0
+    except (SpecError, LayoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    c, name = built.compiled, built.rendered.kernel_name
+    print(f"  source     {args.out / (spec.name + '.cu')}")
+    print(f"  manifest   {args.out / (spec.name + '.json')}")
+    print(f"  registers  {c.registers.get(name)} per thread (consumers raise theirs to "
+          f"{built.plan.template_context()['consumer_regs']} with setmaxnreg)")
+    print(f"  spills     {c.spill_stores.get(name, 0)} bytes stored, {c.spill_loads.get(name, 0)} bytes loaded")
+    print(f"  smem       {built.plan.smem.total} bytes dynamic")
+    print(f"  compile    {c.compile_seconds:.2f} s NVRTC{' (cache hit)' if c.cached else ''}, "
+          f"{total:.2f} s total")
+    if args.run:
+        return run_main(spec, args.batch)
+    return 0
+
+
+def run_main(spec, batch: int) -> int:
+    import torch
+
+    from codegen import check
+    from codegen.api import attention
+
+    if not torch.cuda.is_available():
+        print("error: --run needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+    shape = (batch, spec.seq_len, spec.heads, spec.head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    o, lse = attention(q, k, v, causal=spec.causal, pv_split=spec.pv_split, return_lse=True)
+    ref_o, ref_lse = check.reference(q, k, v, causal=spec.causal)
+    err = check.rel_err(o, ref_o)
+    lse_err = check.rel_err(lse, ref_lse)
+    sdpa = check.sdpa_error(q, k, v, ref_o, causal=spec.causal)
+    ms = check.time_cuda(lambda: attention(q, k, v, causal=spec.causal, pv_split=spec.pv_split))
+    tflops = check.attention_flops(batch, spec.seq_len, spec.heads, spec.head_dim, spec.causal) / ms / 1e9
+    ok = err <= 2 * sdpa and lse_err < 1e-3
+    print(f"  run        B={batch}: {ms:.4f} ms, {tflops:.1f} TFLOPS, rel err {err:.2e} "
+          f"(SDPA {sdpa:.2e}), lse rel err {lse_err:.2e}: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def probe_main(argv: list[str]) -> int:
+    from codegen.probe import run_probe
+
+    parser = argparse.ArgumentParser(prog="gen.py probe", description="basis-vector probe on the GPU")
+    _spec_arguments(parser, default_shape="1024,64,128")
+    args = parser.parse_args(argv)
+    report = run_probe(_spec_from(args))
+    for operand, n in report.checked.items():
+        print(f"  {operand}: {n} basis vectors injected")
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def canonical_main(argv: list[str]) -> int:
+    """Regenerate the kernels checked into generated/."""
+    from codegen.plan import resolve
+    from codegen.spec import KernelSpec
+
+    for fields in CANONICAL:
+        spec = resolve(KernelSpec(**fields))
+        emit(spec, GENERATED)
+        print(f"wrote generated/{spec.name}.cu")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
