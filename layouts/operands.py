@@ -168,34 +168,48 @@ class OperandDerivation:
             found += compare_maps(footprint, expected, actual, check=f"{self.descriptor_kind} k-slice {k0}")
         return found
 
-    def _verify_tensor_map(self) -> list[Mismatch]:
-        # A small tensor with every index non-trivial: tile 2 of batch 1, head 2, at a 16-aligned base.
-        heads, batch, seq_len = 3, 2, 4 * self.block_rows
-        stride_h, stride_s = self.head_dim, heads * self.head_dim
-        stride_b = seq_len * stride_s
-        base, seq_start, b, h = 1 << 20, 2 * self.block_rows, 1, 2
-        params = self.tensor_map.instantiate(batch=batch, seq_len=seq_len, heads=heads, stride_b=stride_b,
-                                             stride_s=stride_s, stride_h=stride_h, base_address=base)
-        origin = self.tensor_map.box_origin(batch_index=b, seq_start=seq_start, head=h, seq_len=seq_len)
+    def check_tensor_map(self, params: TensorMapParams, origin: tuple, *, batch_index: int, seq_start: int,
+                         head: int, stride_b: int, stride_s: int, stride_h: int) -> list[Mismatch]:
+        """Does one TMA load with ``params`` at ``origin`` write this tile exactly where ``layout`` says?
+
+        Element (row, col) of the tile is Q/K/V/O[batch_index, seq_start + row, head, col] of a (B, S, H, D)
+        tensor with the given element strides at ``params.global_address``; the TMA model says which
+        shared byte received that global address.
+        """
         placed = place_box(params, origin)
         found = []
         if params.box_bytes != self.smem_bytes:
             found.append(Mismatch({}, self.smem_bytes, params.box_bytes, None, "tensor map box bytes"))
         row_name, col_name = self.coords_names
-        seq_name, d_name = (row_name, col_name)
 
         def global_address(c):
-            return base + self.elem_bytes * (b * stride_b + (seq_start + c[seq_name]) * stride_s
-                                             + h * stride_h + c[d_name])
+            return params.global_address + self.elem_bytes * (
+                batch_index * stride_b + (seq_start + c[row_name]) * stride_s + head * stride_h + c[col_name])
 
         found += compare_maps(self.coords, self.layout.apply_flat,
                               lambda c: placed.smem_for_global(global_address(c)),
                               decode=self.layout, check="TMA")
         return found
 
+    def _verify_tensor_map(self) -> list[Mismatch]:
+        # A small tensor with every index non-trivial: tile 2 of batch 1, head 2, at an aligned base.
+        heads, batch, seq_len = 3, 2, 4 * self.block_rows
+        strides = dict(stride_h=self.head_dim, stride_s=heads * self.head_dim,
+                       stride_b=seq_len * heads * self.head_dim)
+        params = self.tensor_map.instantiate(batch=batch, seq_len=seq_len, heads=heads, base_address=1 << 20,
+                                             **strides)
+        where = dict(batch_index=1, seq_start=2 * self.block_rows, head=2)
+        origin = self.tensor_map.box_origin(seq_len=seq_len, **where)
+        return self.check_tensor_map(params, origin, **where, **strides)
+
+    def check_formula(self, text: str) -> list[Mismatch]:
+        """Mismatches between a C byte-offset formula over the coordinate names and the layout."""
+        return compare_maps(self.coords, self.layout.apply_flat, compile_c_expr(text, self.coords),
+                            decode=self.layout, check="formula")
+
     def _verify_formula(self) -> list[Mismatch]:
-        fn = compile_c_expr(self.formula_c, self.coords)
-        return compare_maps(self.coords, self.layout.apply_flat, fn, decode=self.layout, check="formula_c")
+        return [Mismatch(m.coords, m.expected, m.actual, m.decoded, "formula_c", m.basis)
+                for m in self.check_formula(self.formula_c)]
 
     def verify(self) -> list[Mismatch]:
         """All disagreements between the layout, its formula, the descriptor model and the TMA model."""
@@ -276,7 +290,7 @@ def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, d
         major, transpose, rows, mma_k, slices = None, None, 0, 0, ()
     derivation = OperandDerivation(
         operand=operand, arch=arch, dtype=dtype, elem_bytes=e, head_dim=head_dim, block_rows=block_rows,
-        coords=dict(zip(COORDS[operand], (block_rows, head_dim) if operand != "v" else (block_rows, head_dim))),
+        coords=dict(zip(COORDS[operand], (block_rows, head_dim))),
         layout=layout, formula=formula, formula_c=to_c(formula), smem_bytes=nbytes, smem_align=SMEM_ALIGN,
         swizzle=SWIZZLE_128B, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
         tensor_map=_recipe(kind, head_dim, block_rows, e, dtype, nbytes),
