@@ -41,7 +41,42 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     Returns o in the same layout as q (and, with return_lse, the (B, H, S) float32 natural-log logsumexp).
     The kernel specialized for (S, H, D, dtype, causal, split) is generated, compiled and cached on first use.
     """
+    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, pv_split=pv_split)
+    call()
+    return (call.o, call.lse) if return_lse else call.o
+
+
+class PreparedAttention:
+    """One attention call with its kernel loaded, outputs allocated and tensor maps encoded.
+
+    Calling it launches the kernel on the current stream and nothing else, so a benchmark times the kernel
+    and not the checks; the inputs must stay alive and unmoved while it is used.
+    """
+
+    def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device):
+        self.built, self.kernel, self.args, self.grid = built, kernel, args, grid
+        self.o, self.lse, self.device = o, lse, device
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.built.spec
+
+    def __call__(self):
+        import torch
+
+        from . import driver
+
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        driver.launch(self.kernel, self.grid, self.built.plan.threads, stream, self.args)
+        return self.o
+
+
+def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
+            pv_split: tuple[int, ...] | None = None, out=None) -> PreparedAttention:
+    """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps."""
     import torch
+
+    from . import driver
 
     batch, seq, heads, dim = _check_inputs(q, k, v, layout)
     if scale is None:
@@ -56,28 +91,25 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
 
     built, kernel = _loaded(KernelKey(spec, q.device.index or 0))
     plan = built.plan
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    if out is not None:
+        _check_inputs(q, q, out, layout)  # the same shape, dtype, device and stride rules as the inputs
     lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
-
-    from . import driver
-
     maps = []
     for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o)):
         sb, ss, sh = _strides_bshd(tensor, layout)
         params = getattr(plan, name).tensor_map.instantiate(
             batch=batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
         maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    driver.launch(kernel, plan.grid(batch), plan.threads, stream,
-                  maps + [lse.data_ptr(), float(scale * LOG2E)])
-    return (o, lse) if return_lse else o
+    args = driver.pack_args(maps + [lse.data_ptr(), float(scale * LOG2E)])
+    return PreparedAttention(built, kernel, args, plan.grid(batch), o, lse, q.device)
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
-    """Element strides of (batch, seq, head) whatever the layout."""
-    if layout == "bshd":
-        return t.stride(0), t.stride(1), t.stride(2)
-    return t.stride(0), t.stride(2), t.stride(1)
+    """Element strides of (batch, seq, head) whatever the layout. An axis of extent 1 is never stepped, so
+    its stride is replaced by the head dim, which always satisfies the tensor map's 16-byte rule."""
+    axes = (0, 1, 2) if layout == "bshd" else (0, 2, 1)
+    return tuple(t.stride(a) if t.shape[a] > 1 else t.shape[3] for a in axes)
 
 
 def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:

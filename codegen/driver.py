@@ -89,8 +89,19 @@ class _Aligned128(ctypes.Structure):
     _align_ = 128
 
 
-def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream: int, args: list) -> None:
-    """Launch with `args` in the kernel's parameter order: bytes (a tensor map), int (a pointer), float."""
+@dataclass(frozen=True)
+class PackedArgs:
+    """Kernel arguments laid out for cuLaunchKernel: storage for each value and the array of pointers to them."""
+    holders: tuple
+    pointers: object
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.pointers)
+
+
+def pack_args(args: list) -> PackedArgs:
+    """`args` in the kernel's parameter order: bytes (a tensor map), int (a pointer), float."""
     holders = []
     for arg in args:
         if isinstance(arg, bytes):
@@ -104,5 +115,9 @@ def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream:
             raise TypeError(f"unsupported kernel argument {arg!r}")
         holders.append(holder)
     pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-    check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream,
-                            ctypes.addressof(pointers), 0), "cuLaunchKernel")
+    return PackedArgs(tuple(holders), pointers)
+
+
+def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream: int, args: PackedArgs) -> None:
+    check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream, args.address, 0),
+          "cuLaunchKernel")

@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import sympy
+
 import layouts
 from layouts import fragments
+from layouts.derive import to_c
 
 from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
@@ -165,11 +168,19 @@ class Plan:
             "acc_col_c": acc.col_c,
             "pv_chunks": self.pv_chunks,
             "pv_chunk_sizes": list(s.pv_split),
-            "q_coords": self.q.tensor_map.coords_c(row="row0"),
-            "k_coords": self.k.tensor_map.coords_c(row="row0"),
-            "v_coords": self.v.tensor_map.coords_c(row="row0"),
-            "o_coords": self.o.tensor_map.coords_c(row="row0"),
+            "q_coords": self._origin_c(self.q),
+            "k_coords": self._origin_c(self.k),
+            "v_coords": self._origin_c(self.v),
+            "o_coords": self._origin_c(self.o),
         }
+
+
+    def _origin_c(self, operand: layouts.OperandDerivation) -> str:
+        """The tensor-map coordinates of a tile starting at sequence row `row0`, as C arguments."""
+        names = {n: sympy.Symbol(n) for n in ("row0", "head", "batch")}
+        origin = operand.tensor_map.box_origin(batch_index=names["batch"], seq_start=names["row0"],
+                                               head=names["head"], seq_len=self.spec.seq_len)
+        return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 
 
 def kernel_name(spec: KernelSpec, *, probe: bool = False) -> str:

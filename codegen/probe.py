@@ -101,7 +101,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
     stream = torch.cuda.current_stream(dev).cuda_stream
     grid = (1, 1, batch)
     driver.launch(kernel, grid, plan.threads, stream,
-                  maps + [p_in.data_ptr(), s_out.data_ptr(), o_out.data_ptr(), 1.0])
+                  driver.pack_args(maps + [p_in.data_ptr(), s_out.data_ptr(), o_out.data_ptr(), 1.0]))
     torch.cuda.synchronize(dev)
     s_hw, o_hw = s_out.double().cpu(), o_out.double().cpu()
 
