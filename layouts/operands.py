@@ -159,13 +159,18 @@ class OperandDerivation:
     def _verify_descriptors(self) -> list[Mismatch]:
         found = []
         row_name, k_name = self._row_and_k_names()
+        extents = {row_name: self.mma_rows, k_name: self.mma_k}
+        footprint = {name: extents[name] for name in self.coords}  # tile coordinate order
         for k0, desc in zip(self._slices, self.descriptor_objects()):
             check_footprint(desc, major=self.mma_major, elem_bytes=self.elem_bytes, rows=self.mma_rows, k=self.mma_k)
-            footprint = {row_name: self.mma_rows, k_name: self.mma_k}
             expected = lambda c, k0=k0: self.layout.apply_flat({row_name: c[row_name], k_name: c[k_name] + k0})
             actual = lambda c, desc=desc: mma_read_byte(desc, major=self.mma_major, elem_bytes=self.elem_bytes,
                                                         row=c[row_name], k=c[k_name])
-            found += compare_maps(footprint, expected, actual, check=f"{self.descriptor_kind} k-slice {k0}")
+            for m in compare_maps(footprint, expected, actual, check=f"{self.descriptor_kind} k-slice {k0}"):
+                # Report tile coordinates, and decode the byte read to the tile element stored there.
+                coords = {**m.coords, k_name: m.coords[k_name] + k0}
+                decoded = self.layout.solve(m.actual) if 0 <= m.actual < self.smem_bytes else None
+                found.append(Mismatch(coords, m.expected, m.actual, decoded, m.check, m.basis))
         return found
 
     def check_tensor_map(self, params: TensorMapParams, origin: tuple, *, batch_index: int, seq_start: int,

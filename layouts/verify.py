@@ -39,7 +39,7 @@ class Mismatch:
         at = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         where = f"model reads byte {self.actual}" if self.actual >= 0 else "model never places it"
         if self.decoded is None:
-            note = "outside the tile" if self.actual >= 0 else "not copied"
+            note = "no tile element is stored there" if self.actual >= 0 else "not copied"
         else:
             diffs = [f"{k} off by {self.decoded[k] - v}" for k, v in self.coords.items() if self.decoded[k] != v]
             note = ", ".join(diffs) or "same element"
