@@ -63,10 +63,6 @@ def log2_exact(extent: int, what: str) -> int:
     return int(extent).bit_length() - 1
 
 
-def _bits_of(value: int) -> list[int]:
-    return [i for i in range(value.bit_length()) if value >> i & 1]
-
-
 class LinearLayout:
     """An affine map over GF(2) between named, ordered, power-of-two dims (see module docstring)."""
 
