@@ -123,15 +123,13 @@ def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
         if t.dim() != 4:
             raise InputError(f"{name} must have rank 4 ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}), "
                              f"got shape {tuple(t.shape)}")
-        if t.device.type != "cuda":
-            raise InputError(f"{name} is on {t.device}; flashgen kernels run on a CUDA device")
         if str(t.dtype).split(".")[-1] not in _TORCH_DTYPES:
             raise InputError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.shape == k.shape == v.shape):
+    if not (q.shape == k.shape == v.shape):  # separate K/V lengths and GQA come with issue 5
         raise InputError(f"q, k, v must have the same shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     if layout == "bshd":
@@ -153,4 +151,6 @@ def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
                                  "which the tensor memory accelerator requires")
         if t.data_ptr() % 16:
             raise InputError(f"{name}'s data pointer is not 16-byte aligned")
+    if q.device.type != "cuda":  # last, so every other check also runs (and is tested) on the CPU
+        raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
     return batch, seq, heads, dim
