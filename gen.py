@@ -7,6 +7,8 @@
   gen.py layout ...   derived shared-memory layouts, descriptors and tensor maps (gen.py layout -h)
   gen.py verify       check every layout derivation the generator uses
   gen.py probe        check the layout models against the GPU's real TMA loads and wgmma reads
+  gen.py bench ...    time flashgen beside cuDNN and the other peers (gen.py bench -h)
+  gen.py canonical    regenerate the kernels checked into generated/
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def main(argv: list[str]) -> int:
         return verify_main(argv[1:])
     if argv and argv[0] == "probe":
         return probe_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from codegen.bench import bench_main
+        return bench_main(argv[1:])
     if argv and argv[0] == "canonical":
         return canonical_main(argv[1:])
     return generate_main(argv)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from . import build as _build
+from .plan import resolve
 from .spec import KernelSpec, SpecError
 
 LOG2E = 1.4426950408889634
@@ -84,10 +85,11 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     try:
-        spec = KernelSpec(seq_len=seq, heads=heads, head_dim=dim, dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]],
-                          causal=bool(causal), pv_split=tuple(pv_split or ()))
+        spec = resolve(KernelSpec(seq_len=seq, heads=heads, head_dim=dim, causal=bool(causal),
+                                  dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ())))
     except SpecError as e:
         raise InputError(str(e)) from None
+    _check_device(q)
 
     built, kernel = _loaded(KernelKey(spec, q.device.index or 0))
     plan = built.plan
@@ -151,6 +153,10 @@ def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
                                  "which the tensor memory accelerator requires")
         if t.data_ptr() % 16:
             raise InputError(f"{name}'s data pointer is not 16-byte aligned")
-    if q.device.type != "cuda":  # last, so every other check also runs (and is tested) on the CPU
-        raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
     return batch, seq, heads, dim
+
+
+def _check_device(t) -> None:
+    """Checked after everything else, so every other check also runs (and is tested) on the CPU."""
+    if t.device.type != "cuda":
+        raise InputError(f"the inputs are on {t.device}; flashgen kernels run on a CUDA device")

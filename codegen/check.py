@@ -6,21 +6,34 @@ import math
 from dataclasses import dataclass
 
 
-def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd"):
-    """Attention in float64 on the inputs' device: (o, lse) with o in the inputs' layout, lse (B, H, S)."""
+def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
+              max_score_bytes: int = 2**31):
+    """Attention in float64 on the inputs' device: (o, lse) with o in the inputs' layout, lse (B, H, S).
+
+    Heads are processed in groups so the float64 score matrix stays under `max_score_bytes`.
+    Causal is bottom-right aligned: query i sees keys up to i + (S_k - S_q).
+    """
     import torch
 
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    q, k, v = (t.double() for t in (q, k, v))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-1, -2)) * scale
+    batch, heads, sq, dim = q.shape
+    sk = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    group = max(1, max_score_bytes // (sq * sk * 8))
+    o = torch.empty(batch, heads, sq, v.shape[-1], dtype=torch.float64, device=q.device)
+    lse = torch.empty(batch, heads, sq, dtype=torch.float64, device=q.device)
+    keep = None
     if causal:
-        sq, sk = scores.shape[-2:]
         keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
-        scores = scores.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    o = torch.softmax(scores, dim=-1) @ v
+    for b in range(batch):
+        for h0 in range(0, heads, group):
+            hs = slice(h0, h0 + group)
+            scores = (q[b, hs].double() @ k[b, hs].double().transpose(-1, -2)) * scale
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            lse[b, hs] = torch.logsumexp(scores, dim=-1)
+            o[b, hs] = torch.softmax(scores, dim=-1) @ v[b, hs].double()
     if layout == "bshd":
         o = o.transpose(1, 2)
     return o, lse

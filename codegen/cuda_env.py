@@ -31,6 +31,7 @@ __all__ = [
     "header_versions",
     "supported_archs",
     "driver_status",
+    "ptxas_path",
     "toolchain_summary",
 ]
 
@@ -290,6 +291,28 @@ def header_versions() -> dict[str, str]:
         if v and out["cccl"] == "unknown":
             out["cccl"] = v
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def ptxas_path() -> str | None:
+    """A ptxas executable (only a fallback for the resource report), or None."""
+    env = os.environ.get("FLASHGEN_PTXAS")
+    if env and os.access(env, os.X_OK):
+        return env
+    try:
+        import cuda.pathfinder as pf  # type: ignore
+
+        fn = getattr(pf, "find_nvidia_binary_utility", None)
+        p = fn("ptxas") if fn is not None else None
+        if p:
+            return str(p)
+    except Exception:
+        pass
+    for root in _candidate_roots():
+        p = root / "bin" / "ptxas"
+        if os.access(p, os.X_OK):
+            return str(p)
+    return shutil.which("ptxas")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -248,9 +248,11 @@ def _nvrtc_compile(source: str, name: str, options: list[str]) -> tuple[bytes, s
         res = nvrtc.nvrtcCompileProgram(prog, len(bopts), bopts)
         err = res[0] if isinstance(res, tuple) else res
         (size,) = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
+        # bytearray, not b" " * size: NVRTC writes into the buffer, and for size 1 (an empty log)
+        # b" " * 1 is CPython's shared one-byte bytes object, which would be corrupted.
+        buf = bytearray(size)
         check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-        log = buf.decode("utf-8", errors="replace").replace("\x00", "").rstrip()
+        log = bytes(buf).decode("utf-8", errors="replace").replace("\x00", "").rstrip()
         if err != ok:
             _, msg = nvrtc.nvrtcGetErrorString(err)
             raise NvrtcError(
@@ -261,14 +263,53 @@ def _nvrtc_compile(source: str, name: str, options: list[str]) -> tuple[bytes, s
                 name=name,
             )
         (size,) = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
         (size,) = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-        ptx = b" " * size
+        ptx = bytearray(size)
         check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return bytes(cubin), ptx.decode("utf-8", errors="replace").rstrip("\x00"), log
+    return bytes(cubin), bytes(ptx).decode("utf-8", errors="replace").rstrip("\x00"), log
+
+
+def _ptxas_options(options: list[str]) -> list[str]:
+    """The subset of NVRTC options that change what ptxas does, in ptxas's spelling."""
+    out = []
+    for o in options:
+        if o.startswith("-Xptxas="):
+            out += [x for x in o.split("=", 1)[1].split(",") if x and x != "-v"]
+        elif o.startswith(("-maxrregcount=", "--maxrregcount=")):
+            out += ["--maxrregcount", o.split("=", 1)[1]]
+        elif o in ("-lineinfo", "--generate-line-info"):
+            out.append("-lineinfo")
+    return out
+
+
+def _ptxas_report(ptx: str, arch: str, options: list[str]) -> str | None:
+    """Run the toolkit's ptxas -v on the PTX and return its report, or None if ptxas is unavailable.
+
+    Used when NVRTC's program log comes back without the -Xptxas=-v report (seen on the GPU image:
+    the same NVRTC 13.0.88 sometimes returns an empty log).
+    """
+    import subprocess
+    import tempfile
+
+    exe = cuda_env.ptxas_path()
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="flashgen-ptxas-") as d:
+        src = f"{d}/kernel.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        cmd = [exe, "-v", f"-arch={arch}", *_ptxas_options(options), src, "-o", f"{d}/kernel.cubin"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    if proc.returncode != 0:
+        return None
+    return (proc.stdout + proc.stderr).strip()
 
 
 def _enforce(result: CompileResult, *, allow_spills: bool, allow_setmaxnreg_ignored: bool) -> None:
@@ -349,6 +390,12 @@ def compile_cuda(
     else:
         cubin, ptx, log = _nvrtc_compile(source, name, options)
         cached = False
+        if not _ENTRY_RE.search(log) and ".entry" in ptx:
+            report = _ptxas_report(ptx, arch, options)
+            if report:
+                log = (log + "\n" if log else "") + (
+                    f"[flashgen] NVRTC returned no ptxas report; this one is from {cuda_env.ptxas_path()}:\n{report}"
+                )
         if store is not None:
             try:
                 store.put(key, {"cubin": cubin, "ptx": ptx.encode("utf-8"), "log": log.encode("utf-8")},
@@ -357,6 +404,9 @@ def compile_cuda(
                 pass  # a read-only or full cache directory must not fail the compile
 
     kernels, functions = parse_ptxas_log(log)
+    warnings = parse_warnings(log)
+    if not kernels and ".entry" in ptx:
+        warnings += ("[flashgen] no ptxas resource report (registers, spills) was available for this compile",)
     result = CompileResult(
         cubin=cubin,
         ptx=ptx,
@@ -365,7 +415,7 @@ def compile_cuda(
         name=name,
         options=tuple(options),
         kernels=kernels,
-        warnings=parse_warnings(log),
+        warnings=warnings,
         compile_seconds=time.perf_counter() - t0,
         cached=cached,
         nvrtc_version=nv,

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""One call on the GPU machine: GPU tests, the basis-vector probe, the benchmark; a short table last.
+
+    PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--bench-args "..."]
+
+Full logs go to $OUT (or ./gpu-check-out): pytest.log, probe.log, bench.log and the benchmark's result
+files. The device machine has the image's own python3 with torch; nothing is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16")]
+
+
+def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, float]:
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        rc, text = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        rc, text = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        text += f"\n[timed out after {timeout} s]\n"
+    log.write_text(text)
+    return rc, text, time.time() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-probe", action="store_true")
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--tests", default="tests/test_gpu.py", help="pytest target(s)")
+    parser.add_argument("--bench-args", default="--matrix default")
+    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
+    args = parser.parse_args()
+    out = pathlib.Path(os.environ.get("OUT", ROOT / "gpu-check-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    summary = []
+
+    if not args.skip_tests:
+        rc, text, secs = run([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "-p", "no:cacheprovider",
+                              *args.tests.split()], out / "pytest.log", timeout=420)
+        tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed)|error", line)]
+        summary.append(("GPU tests", "PASS" if rc == 0 else f"FAIL rc={rc}", tail[-1] if tail else "", secs))
+        print("\n".join(text.splitlines()[-25:]), flush=True)
+
+    if not args.skip_probe:
+        lines, ok, t0 = [], True, time.time()
+        for shape, dtype in PROBE_SHAPES:
+            rc, text, _ = run([sys.executable, "gen.py", "probe", "--shape", shape, "--dtype", dtype],
+                              out / f"probe-{shape.replace(',', 'x')}-{dtype}.log", timeout=120)
+            ok &= rc == 0
+            last = text.strip().splitlines()[-1] if text.strip() else "(no output)"
+            lines.append(f"D={shape.split(',')[2]} {dtype}: {last}")
+        (out / "probe.log").write_text("\n".join(lines) + "\n")
+        for f in out.glob("probe-*.log"):
+            f.unlink()
+        summary.append(("layout probe", "PASS" if ok else "FAIL", "; ".join(lines), time.time() - t0))
+        print("\n".join(lines), flush=True)
+
+    if not args.skip_bench:
+        rc, text, secs = run([sys.executable, "gen.py", "bench", *shlex.split(args.bench_args)], out / "bench.log",
+                             timeout=480)
+        for f in sorted((ROOT / "bench" / "results").glob("h200-latest.*")):
+            shutil.copy(f, out / f.name)
+        summary.append(("benchmark", "OK" if rc == 0 else f"FAIL rc={rc}", "see bench.log", secs))
+        print("\n".join(text.splitlines()[-30:]), flush=True)
+
+    print("\n== gpu_check summary ==")
+    for name, status, detail, secs in summary:
+        print(f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}")
+    return 0 if all(s[1] in ("PASS", "OK") for s in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

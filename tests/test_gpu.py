@@ -1,0 +1,121 @@
+"""The sm_90a kernel on the GPU against float64 (skipped with a reason where there is no GPU).
+
+Rules (DESIGN.md section 6): fresh random inputs every run, outputs poisoned with NaN before launch and every
+element checked, error at most 2x the same-dtype PyTorch SDPA error against the same float64 reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from codegen import check  # noqa: E402
+from codegen.api import InputError, attention, prepare  # noqa: E402
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+LSE_TOLERANCE = 1e-5  # float32 running max and sum; measured ~1e-7
+TINY = 1e-6           # when SDPA is exact (S=1), ours must be too, up to rounding of a copy
+
+
+def run_checked(q, k, v, *, causal=False, split=None, layout="bshd", scale=None):
+    """Run with poisoned outputs; return (o, lse) after checking every element was written."""
+    call = prepare(q, k, v, causal=causal, pv_split=split, layout=layout, scale=scale)
+    call.o.fill_(float("nan"))
+    call.lse.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    assert not torch.isnan(call.o).any(), "some output elements were never written"
+    assert not torch.isnan(call.lse).any(), "some logsumexp rows were never written"
+    return call.o, call.lse
+
+
+def assert_close_to_reference(q, k, v, o, lse, *, causal=False, layout="bshd", scale=None):
+    ref_o, ref_lse = check.reference(q, k, v, causal=causal, layout=layout, scale=scale)
+    sdpa_q, sdpa_k, sdpa_v = (t.transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
+    sdpa_o = torch.nn.functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, is_causal=causal, scale=scale)
+    if layout == "bshd":
+        sdpa_o = sdpa_o.transpose(1, 2)
+    err, sdpa_err = check.rel_err(o, ref_o), check.rel_err(sdpa_o, ref_o)
+    assert err <= max(2 * sdpa_err, TINY), f"rel err {err:.3e} > 2 x SDPA's {sdpa_err:.3e}"
+    lse_err = check.rel_err(lse, ref_lse)
+    assert lse_err <= LSE_TOLERANCE, f"logsumexp rel err {lse_err:.3e}"
+
+
+MATRIX = list(itertools.product((1, 3), (1, 100, 128, 1000, 1024, 4096), (1, 16, 64), ("f16", "bf16"),
+                                ((96, 32), (64, 64))))
+
+
+@pytest.mark.parametrize("batch, seq, heads, dtype, split", MATRIX,
+                         ids=[f"B{b}-S{s}-H{h}-{d}-pv{p[0]}x{p[1]}" for b, s, h, d, p in MATRIX])
+def test_matches_float64(batch, seq, heads, dtype, split):
+    q, k, v = (torch.randn(batch, seq, heads, 128, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    o, lse = run_checked(q, k, v, split=split)
+    assert_close_to_reference(q, k, v, o, lse)
+
+
+CAUSAL = list(itertools.product((1, 3), (1, 100, 128, 1000, 4096), (16,), ("f16", "bf16"), ((96, 32), (64, 64))))
+
+
+@pytest.mark.parametrize("batch, seq, heads, dtype, split", CAUSAL,
+                         ids=[f"B{b}-S{s}-H{h}-{d}-pv{p[0]}x{p[1]}" for b, s, h, d, p in CAUSAL])
+def test_causal_matches_float64(batch, seq, heads, dtype, split):
+    q, k, v = (torch.randn(batch, seq, heads, 128, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    o, lse = run_checked(q, k, v, causal=True, split=split)
+    assert_close_to_reference(q, k, v, o, lse, causal=True)
+    # The first row sees only key 0; the last row sees every key.
+    torch.testing.assert_close(o[:, 0].float(), v[:, 0].float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_dim, split", [(64, (96, 32)), (64, (64, 64)), (256, (32, 32)), (256, (64,))])
+@pytest.mark.parametrize("causal", (False, True))
+def test_other_head_dims(head_dim, split, causal):
+    q, k, v = (torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o, lse = run_checked(q, k, v, causal=causal, split=split)
+    assert_close_to_reference(q, k, v, o, lse, causal=causal)
+
+
+def test_large_scores_stay_finite():
+    q, k, v = (torch.randn(1, 1024, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    q, k = q * 12, k * 12  # scores around +-1000 x the usual: the running max must carry the softmax
+    o, lse = run_checked(q, k, v)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert_close_to_reference(q, k, v, o, lse)
+
+
+def test_sdpa_layout_and_custom_scale():
+    q, k, v = (torch.randn(2, 8, 777, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    o, lse = run_checked(q, k, v, layout="bhsd", scale=0.05)
+    assert o.shape == q.shape
+    assert_close_to_reference(q, k, v, o, lse, layout="bhsd", scale=0.05)
+
+
+def test_strided_views_of_a_packed_qkv():
+    qkv = torch.randn(2, 500, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)  # strides (500*3*4*128, 3*4*128, 128, 1): no copies needed
+    o, lse = run_checked(q, k, v)
+    assert_close_to_reference(q, k, v, o, lse)
+
+
+def test_attention_returns_output_and_lse():
+    q, k, v = (torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    o, lse = attention(q, k, v, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (1, 2, 256) and lse.dtype == torch.float32
+    assert_close_to_reference(q, k, v, o, lse)
+
+
+def test_mixed_devices_are_refused():
+    q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(InputError, match="one device"):
+        attention(q, q.cpu(), q)
+
+
+def test_misaligned_cuda_pointer_is_refused():
+    flat = torch.randn(128 * 2 * 128 + 8, device="cuda", dtype=torch.float16)
+    q = flat[1:1 + 128 * 2 * 128].view(1, 128, 2, 128)
+    with pytest.raises(InputError, match="16-byte aligned"):
+        attention(q, q, q)
