@@ -241,6 +241,23 @@ def test_setmaxnreg_ignored_raises_unless_allowed(cache):
     assert not any("setmaxnreg" in w for w in good.warnings)
 
 
+def test_empty_nvrtc_log_falls_back_to_ptxas_report(cache, monkeypatch):
+    """NVRTC 13.0.88 on the GPU image sometimes returns an empty log despite -Xptxas=-v."""
+    import codegen.nvrtc as nv
+
+    if cuda_env.ptxas_path() is None:
+        pytest.skip("no ptxas executable for the fallback report")
+    real = nv._nvrtc_compile
+    monkeypatch.setattr(nv, "_nvrtc_compile", lambda *a: real(*a)[:2] + ("",))
+    opts = ["-maxrregcount=32"]
+    with pytest.raises(SpillError, match="spiller"):
+        compile_cuda(SPILL_SRC, arch="sm_90a", extra_options=opts, cache=cache)
+    res = compile_cuda(SETMAXNREG_SRC % "__launch_bounds__(384, 1)", arch="sm_90a", cache=cache)
+    assert res.kernel("ws").registers > 0 and "[flashgen]" in res.log
+    with pytest.raises(SetmaxnregIgnoredError):
+        compile_cuda(SETMAXNREG_SRC % "", arch="sm_90a", cache=cache)
+
+
 def test_parse_ptxas_log():
     log = """\
 ptxas info    : 0 bytes gmem
