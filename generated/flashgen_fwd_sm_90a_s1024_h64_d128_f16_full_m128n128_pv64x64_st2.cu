@@ -21,6 +21,13 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
   return a;
 }
 
+// The same, but opaque to the compiler, so it recomputes the address instead of holding it in a register.
+static __device__ __forceinline__ u32 fresh_smem_addr(const void* p) {
+  u32 a;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
 // mbarrier (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier").
 static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
@@ -148,6 +155,15 @@ constexpr u64 kVDesc[8] = {0x4000004004000000ull, 0x4000004004000080ull, 0x40000
 // Barrier slots, 8 bytes each, after the tiles.
 enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKvEmpty = 1 + 2 * cfg::kStages };
 
+// S = Q K^T over the head dim (8 k-slices), committed as one wgmma group.
+static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    wgmma_qk(s, cfg::kQDesc[kk] + (q_tile >> 4), cfg::kKDesc[kk] + (k_tile >> 4), kk > 0);
+  wgmma_commit();
+}
+
 static __device__ __forceinline__ int kv_blocks_for(int m_block) {
   if (!cfg::kCausal) return cfg::kKvBlocks;
   const int last_row = (m_block + 1) * cfg::kBlockM - 1;
@@ -217,95 +233,132 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st2(const __grid_co
 
   mbar_wait(bars + 8 * kBarQFull, 0);
 
-  for (int j = 0; j < n_kv; ++j) {
-    const int s = j % cfg::kStages;
-    const u32 phase = (j / cfg::kStages) & 1;
-    const u32 k_tile = smem + cfg::kKOffset + s * cfg::kKBytes;
-    const u32 v_tile = smem + cfg::kVOffset + s * cfg::kVBytes;
+  float sc[64];  // S of the current key block, then its exponentials
+  u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV
 
-    // S = Q K^T over the head dim, 8 k-slices.
-    float sc[64];
-    mbar_wait(bars + 8 * (kBarKFull + s), phase);
-    wgmma_fence();
+  float alpha[2];
+  // Key block 0: S, softmax, P. No O to rescale yet.
+  mbar_wait(bars + 8 * kBarKFull, 0);
+  issue_qk(sc, q_tile, smem + cfg::kKOffset);
+  wgmma_wait<0>();
+  {
+      const int jj = 0;
+      // Mask keys past the sequence end and, for causal, keys after the query; only on tiles that straddle.
+      if ((cfg::kTailMask && jj == cfg::kKvBlocks - 1) ||
+          (cfg::kCausal && (jj + 1) * cfg::kBlockN > q_row0)) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      wgmma_qk(sc, cfg::kQDesc[kk] + (q_tile >> 4), cfg::kKDesc[kk] + (k_tile >> 4), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-
-    // Mask keys past the sequence end and, for causal, keys after the query; only tiles that need it.
-    const bool straddles = (cfg::kTailMask && j == cfg::kKvBlocks - 1) ||
-                           (cfg::kCausal && (j + 1) * cfg::kBlockN > m_block * cfg::kBlockM);
-    if (straddles) {
+        for (int i = 0; i < 64; ++i) {
+          const int key = jj * cfg::kBlockN + acc_col(lane, i);
+          const int query = q_row0 + acc_row(warp, lane, i);
+          if (key >= cfg::kSeqLen || (cfg::kCausal && key > query)) sc[i] = -FLASHGEN_INF;
+        }
+      }
+      // The new running max of each row, reduced over the 4 lanes that share a row.
+      float new_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+      for (int i = 0; i < 64; ++i) new_max[(i >> 1) & 1] = fmaxf(new_max[(i >> 1) & 1], sc[i]);
+      float scaled_max[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 1));
+        new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 2));
+        // A row with every key masked so far keeps max -inf; use 0 so exp2 gives 0, not NaN.
+        scaled_max[h] = new_max[h] == -FLASHGEN_INF ? 0.f : new_max[h] * scale_log2;
+        alpha[h] = fast_exp2(row_max[h] * scale_log2 - scaled_max[h]);
+        row_max[h] = new_max[h];
+        row_sum[h] *= alpha[h];
+      }
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        const int key = j * cfg::kBlockN + acc_col(lane, i);
-        const int query = q_row0 + acc_row(warp, lane, i);
-        if (key >= cfg::kSeqLen || (cfg::kCausal && key > query)) sc[i] = -FLASHGEN_INF;
+        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
+        row_sum[(i >> 1) & 1] += sc[i];
       }
     }
+#pragma unroll
+  for (int r = 0; r < 32; ++r) p[r] = pack2(sc[2 * r], sc[2 * r + 1]);
 
-    // Online softmax: new running max per row (reduced over the 4 lanes that share a row).
-    float new_max[2] = {row_max[0], row_max[1]};
+  // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the
+  // softmax of block j runs while PV(j-1) does.
+#pragma unroll 1
+  for (int j = 1; j < n_kv; ++j) {
+    const int s = j % cfg::kStages, s_prev = (j - 1) % cfg::kStages;
+    mbar_wait(bars + 8 * (kBarKFull + s), (j / cfg::kStages) & 1);
+    issue_qk(sc, q_tile, smem + cfg::kKOffset + s * cfg::kKBytes);
+    mbar_wait(bars + 8 * (kBarVFull + s_prev), ((j - 1) / cfg::kStages) & 1);
+    
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) new_max[(i >> 1) & 1] = fmaxf(new_max[(i >> 1) & 1], sc[i]);
-    float scaled_max[2], alpha[2];
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_prev * cfg::kVBytes) >> 4), 1);
+    wgmma_commit();
+    wgmma_fence();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 1));
-      new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 2));
-      // A row with every key masked so far keeps max -inf; use 0 so exp2 gives 0, not NaN.
-      scaled_max[h] = new_max[h] == -FLASHGEN_INF ? 0.f : new_max[h] * scale_log2;
-      alpha[h] = fast_exp2(row_max[h] * scale_log2 - scaled_max[h]);
-      row_max[h] = new_max[h];
-      row_sum[h] *= alpha[h];
+    for (int kk = 4; kk < 8; ++kk)
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_prev * cfg::kVBytes) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<2>();  // QK(j) is done; the PV(j-1) chunks may still run
+    {
+      const int jj = j;
+      // Mask keys past the sequence end and, for causal, keys after the query; only on tiles that straddle.
+      if ((cfg::kTailMask && jj == cfg::kKvBlocks - 1) ||
+          (cfg::kCausal && (jj + 1) * cfg::kBlockN > q_row0)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          const int key = jj * cfg::kBlockN + acc_col(lane, i);
+          const int query = q_row0 + acc_row(warp, lane, i);
+          if (key >= cfg::kSeqLen || (cfg::kCausal && key > query)) sc[i] = -FLASHGEN_INF;
+        }
+      }
+      // The new running max of each row, reduced over the 4 lanes that share a row.
+      float new_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+      for (int i = 0; i < 64; ++i) new_max[(i >> 1) & 1] = fmaxf(new_max[(i >> 1) & 1], sc[i]);
+      float scaled_max[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 1));
+        new_max[h] = fmaxf(new_max[h], __shfl_xor_sync(0xffffffffu, new_max[h], 2));
+        // A row with every key masked so far keeps max -inf; use 0 so exp2 gives 0, not NaN.
+        scaled_max[h] = new_max[h] == -FLASHGEN_INF ? 0.f : new_max[h] * scale_log2;
+        alpha[h] = fast_exp2(row_max[h] * scale_log2 - scaled_max[h]);
+        row_max[h] = new_max[h];
+        row_sum[h] *= alpha[h];
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
+        row_sum[(i >> 1) & 1] += sc[i];
+      }
     }
+    wgmma_wait<0>();  // PV(j-1) is done: its P registers and stage j-1 are free, and O may be rescaled
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s_prev));
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-
-    mbar_wait(bars + 8 * (kBarVFull + s), phase);
-    // PV chunk 1: keys 0..63; exponentials of later chunks overlap its MMAs.
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
-      row_sum[(i >> 1) & 1] += sc[i];
-    }
-    {
-      u32 a[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r)
-        a[r] = pack2(sc[0 + 2 * r], sc[0 + 2 * r + 1]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_pv(o, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
-                 cfg::kVDesc[0 + kk] + (v_tile >> 4), 1);
-      wgmma_commit();
-    }
-    // PV chunk 2: keys 64..127; exponentials of later chunks overlap its MMAs.
-#pragma unroll
-    for (int i = 32; i < 64; ++i) {
-      sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
-      row_sum[(i >> 1) & 1] += sc[i];
-    }
-    {
-      u32 a[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r)
-        a[r] = pack2(sc[32 + 2 * r], sc[32 + 2 * r + 1]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_pv(o, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
-                 cfg::kVDesc[4 + kk] + (v_tile >> 4), 1);
-      wgmma_commit();
-    }
-    wgmma_wait<0>();
-
-    // This warp no longer reads stage s (its wgmmas have completed): release it to the producer.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s));
+    for (int r = 0; r < 32; ++r) p[r] = pack2(sc[2 * r], sc[2 * r + 1]);
   }
+
+  // The last block's PV.
+  {
+    const int s_last = (n_kv - 1) % cfg::kStages;
+    mbar_wait(bars + 8 * (kBarVFull + s_last), ((n_kv - 1) / cfg::kStages) & 1);
+    
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_last * cfg::kVBytes) >> 4), 1);
+    wgmma_commit();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 4; kk < 8; ++kk)
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_last * cfg::kVBytes) >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s_last));
+  }
+
 
 
   float inv_sum[2];
@@ -317,7 +370,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st2(const __grid_co
   }
 
   // Stage O in this consumer's Q tile: every wgmma that read it has completed.
-  const u32 o_tile = q_tile;
+  // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+  const u32 o_tile = ((fresh_smem_addr(smem_raw) + 1023u) & ~1023u) + cfg::kQOffset + consumer * cfg::kQBytes;
 #pragma unroll
   for (int i = 0; i < 64; i += 2) {
     const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
