@@ -36,13 +36,13 @@ def _loaded(key: KernelKey):
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-              layout: str = "bshd", pv_split: tuple[int, ...] | None = None):
+              layout: str = "bshd", pv_split: tuple[int, ...] | None = None, **tuning):
     """Softmax(q k^T * scale) v for q, k, v of shape (B, S, H, D), or (B, H, S, D) with layout="bhsd".
 
     Returns o in the same layout as q (and, with return_lse, the (B, H, S) float32 natural-log logsumexp).
     The kernel specialized for (S, H, D, dtype, causal, split) is generated, compiled and cached on first use.
     """
-    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, pv_split=pv_split)
+    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, pv_split=pv_split, **tuning)
     call()
     return (call.o, call.lse) if return_lse else call.o
 
@@ -73,8 +73,13 @@ class PreparedAttention:
 
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-            pv_split: tuple[int, ...] | None = None, out=None) -> PreparedAttention:
-    """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps."""
+            pv_split: tuple[int, ...] | None = None, out=None, block_n: int = 0, stages: int = 0,
+            pingpong: bool = True) -> PreparedAttention:
+    """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
+
+    pv_split, block_n, stages and pingpong are the tuning knobs of KernelSpec; the defaults are the measured
+    choices of codegen.plan.
+    """
     import torch
 
     from . import driver
@@ -86,7 +91,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     try:
         spec = resolve(KernelSpec(seq_len=seq, heads=heads, head_dim=dim, causal=bool(causal),
-                                  dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ())))
+                                  dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ()),
+                                  block_n=block_n, stages=stages, pingpong=pingpong))
     except SpecError as e:
         raise InputError(str(e)) from None
     _check_device(q)

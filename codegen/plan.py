@@ -31,15 +31,28 @@ PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
 CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 registers per SM
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 SMEM_ALIGN_SLACK = 1024  # the kernel rounds its dynamic base up to 1024 bytes
+# A deeper K/V ring hides more load latency; measured in bench/LOG.md. Three fit up to D=128.
+MAX_STAGES = 3
 
 
 def resolve(spec: KernelSpec) -> KernelSpec:
-    """Fill the spec's defaults (block_n, pv_split) and check what depends on them."""
+    """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
     block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
     split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
-    return spec.replace(block_n=block_n, pv_split=tuple(split))
+    spec = spec.replace(block_n=block_n, pv_split=tuple(split))
+    if not spec.stages:
+        fitting = [n for n in range(1, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
+        spec = spec.replace(stages=max(fitting, default=1))
+    return spec
+
+
+def _fits(plan: "Plan") -> bool:
+    try:
+        return plan.smem.total <= SMEM_LIMIT
+    except SpecError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,7 @@ class Plan:
             "block_n": s.block_n,
             "rows_per_consumer": ROWS_PER_CONSUMER,
             "stages": s.stages,
+            "pingpong": s.pingpong and not probe,
             "causal": s.causal and not probe,
             "kv_blocks": 1 if probe else self.kv_blocks,  # the probe reads one K/V block
             "tail_mask": s.seq_len % s.block_n != 0,

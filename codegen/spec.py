@@ -33,7 +33,8 @@ class KernelSpec:
     block_m: int = 128
     block_n: int = 0  # 0: the per-head-dim default of codegen.plan
     pv_split: tuple[int, ...] = ()  # () : the default split for this shape
-    stages: int = 2
+    stages: int = 0  # 0: as many K/V stages as shared memory holds, up to codegen.plan.MAX_STAGES
+    pingpong: bool = True  # the two consumer warpgroups take turns issuing MMAs
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
@@ -52,7 +53,7 @@ class KernelSpec:
             _require(self.block_n in (64, 128),
                      f"block_n {self.block_n} must be 64 or 128 (a power of two, so the shared-memory layout "
                      "is GF(2)-linear, and small enough that S and O fit the consumer's registers)")
-        _require(self.stages in (1, 2, 3, 4), f"stages must be 1..4, got {self.stages}")
+        _require(self.stages in (0, 1, 2, 3, 4), f"stages must be 1..4 (0 for the default), got {self.stages}")
         if self.pv_split:
             _require(all(isinstance(c, int) and c > 0 and c % MMA_K == 0 for c in self.pv_split),
                      f"every pv_split chunk must be a positive multiple of {MMA_K}, got {self.pv_split}")
@@ -70,8 +71,9 @@ class KernelSpec:
         split = "x".join(str(c) for c in self.pv_split) or "auto"
         mask = "causal" if self.causal else "full"
         bn = self.block_n or "auto"
+        stages = self.stages or "auto"
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
-                f"_m{self.block_m}n{bn}_pv{split}_st{self.stages}")
+                f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + ("" if self.pingpong else "_nopp"))
 
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)

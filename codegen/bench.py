@@ -1,0 +1,1015 @@
+"""`gen.py bench`: flashgen against its peers in one run, and the compile-time report.
+
+  gen.py bench --shape B,S,H,D [--dtype f16|bf16] [--causal] [--iters N] [--out bench/results]
+      the closing table for one shape: flashgen (each PV split), SDPA (auto, cuDNN, flash, mem_efficient,
+      math), flex_attention (compiled) and an unfused matmul-softmax-matmul.
+  gen.py bench --matrix [NAME]
+      many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean.
+  gen.py bench --compile [--shape B,S,H,D ...]
+      cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
+
+The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). Nothing here imports torch
+until a GPU mode runs, so `--compile` and the unit tests work on a machine without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "results"
+
+ALL_PEERS = ("flashgen", "cudnn", "sdpa", "flash", "mem_efficient", "math", "flex", "unfused")
+MATRIX_PEERS = ("flashgen", "cudnn", "flash", "flex")
+# Candidate PV splits; a shape gets those that add up to its block_n (codegen.plan decides block_n).
+CANDIDATE_SPLITS = ((96, 32), (64, 64), (32, 32), (64,))
+
+MATH_MAX_SCORES = 2**28  # B*H*S*S above this: the math backend's S x S float scores take minutes and GBs
+UNFUSED_MAX_SCORES = 2**33  # unfused keeps scores and probabilities (2 bytes each) alive at once
+ROTATE_BELOW_BYTES = 200 * 2**20  # rotate input copies until the working set is past L2 (50 MB) by far
+MAX_INPUT_SETS = 8
+REFERENCE_CHUNK_BYTES = 6 * 2**30  # float64 scores, softmax and mask of one reference chunk
+TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the slow peers
+QUEUE_AHEAD_S_PER_ITER = 20e-6  # GPU sleep per timed iteration beyond the call's own host time (events)
+MAX_QUEUE_AHEAD_S = 1.0
+ASSUMED_CLOCK_HZ = 2.0e9
+
+COLD_TARGET_S = 1.5
+WARM_TARGET_S = 0.050
+
+
+class BenchUsageError(ValueError):
+    """A command line the benchmark cannot run."""
+
+
+# --------------------------------------------------------------------------------------------------
+# shapes and configuration
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked problem: q, k, v of shape (batch, seq, heads, dim)."""
+
+    batch: int
+    seq: int
+    heads: int
+    dim: int
+    dtype: str = "f16"
+    causal: bool = False
+
+    @property
+    def flops(self) -> float:
+        flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
+        return flops / 2 if self.causal else flops
+
+    @property
+    def scores(self) -> int:
+        """Entries of the full S x S score matrices over all batches and heads."""
+        return self.batch * self.heads * self.seq * self.seq
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.batch * self.seq * self.heads * self.dim * 2  # f16 and bf16 alike
+
+    @property
+    def label(self) -> str:
+        mask = "causal" if self.causal else "non-causal"
+        return f"({self.batch},{self.seq},{self.heads},{self.dim}) {self.dtype} {mask}"
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """'4,4096,32,128' (or 4x4096x32x128) -> (4, 4096, 32, 128)."""
+    parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        raise BenchUsageError(f"--shape expects B,S,H,D as four integers, got {text!r}") from None
+    if len(values) != 4:
+        raise BenchUsageError(f"--shape expects four numbers B,S,H,D, got {len(values)} in {text!r}")
+    if min(values) < 1:
+        raise BenchUsageError(f"every dimension of --shape must be at least 1, got {text!r}")
+    return values
+
+
+def _bf16(b, s, h, d, causal=False) -> Case:
+    return Case(b, s, h, d, "bf16", causal)
+
+
+MATRICES: dict[str, tuple[Case, ...]] = {
+    # The issue's targets: the seed's shape, the bf16 geomean set, and two causal shapes.
+    "default": (
+        Case(1, 1024, 64, 128, "f16"),
+        _bf16(4, 4096, 32, 128), _bf16(1, 16384, 16, 128), _bf16(16, 1024, 32, 64),
+        _bf16(2, 4096, 16, 256), _bf16(8, 512, 32, 128),
+        _bf16(4, 4096, 32, 128, causal=True), _bf16(1, 16384, 16, 128, causal=True),
+    ),
+    # A smoke run: one short and one long shape.
+    "quick": (Case(1, 1024, 64, 128, "f16"), _bf16(4, 4096, 32, 128)),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    mode: str  # "table", "matrix" or "compile"
+    cases: tuple[Case, ...]
+    peers: tuple[str, ...]
+    splits: tuple[tuple[int, ...], ...]  # () : every candidate split valid for the shape
+    iters: int
+    warmup: int
+    seed: int
+    out: Path | None  # None: print only
+    command: str
+    matrix: str | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gen.py bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--matrix", nargs="?", const="default", choices=sorted(MATRICES), metavar="NAME",
+                      help=f"run a built-in shape matrix ({', '.join(sorted(MATRICES))}; default: default)")
+    mode.add_argument("--compile", action="store_true", help="report cold and warm build times (no GPU)")
+    parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D",
+                        help="batch, sequence, heads, head dim (repeatable)")
+    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--split", action="append", default=[], metavar="96,32",
+                        help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
+    parser.add_argument("--peers", metavar="LIST",
+                        help=f"comma-separated implementations out of {','.join(ALL_PEERS)} "
+                             f"(default: all for one shape, {','.join(MATRIX_PEERS)} for --matrix; "
+                             "cudnn is always added, being the yardstick)")
+    parser.add_argument("--all-peers", action="store_true", help="every implementation, also in --matrix")
+    parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed for the random inputs")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default bench/results)")
+    parser.add_argument("--no-save", action="store_true", help="print only; write no result files")
+    return parser
+
+
+def parse_config(argv: Sequence[str]) -> BenchConfig:
+    args = build_parser().parse_args(list(argv))
+    if args.iters < 1 or args.warmup < 0:
+        raise BenchUsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    shapes = [parse_shape(s) for s in args.shape]
+    if args.matrix and shapes:
+        raise BenchUsageError("--matrix runs its own shapes; drop --shape (or run without --matrix)")
+    if args.matrix:
+        mode, cases = "matrix", MATRICES[args.matrix]
+    elif args.compile:
+        mode = "compile"
+        cases = tuple(Case(*s, args.dtype, args.causal) for s in shapes) or (Case(1, 1024, 64, 128, args.dtype,
+                                                                                 args.causal),)
+    elif shapes:
+        mode, cases = "table", tuple(Case(*s, args.dtype, args.causal) for s in shapes)
+    else:
+        raise BenchUsageError("give --shape B,S,H,D, --matrix [NAME] or --compile")
+    return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode),
+                       splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
+                       seed=args.seed, out=None if args.no_save else args.out,
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
+
+
+def _peers_from(args, mode: str) -> tuple[str, ...]:
+    if args.all_peers:
+        return ALL_PEERS
+    if not args.peers:
+        return MATRIX_PEERS if mode == "matrix" else ALL_PEERS
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_PEERS]
+    if unknown:
+        raise BenchUsageError(f"unknown implementation(s) {unknown} in --peers; choose from {', '.join(ALL_PEERS)}")
+    chosen = set(names) | {"cudnn"}
+    return tuple(n for n in ALL_PEERS if n in chosen)
+
+
+def _parse_split(text: str) -> tuple[int, ...]:
+    try:
+        split = tuple(int(p) for p in text.replace("+", ",").split(",") if p.strip())
+    except ValueError:
+        raise BenchUsageError(f"--split expects chunk sizes like 96,32; got {text!r}") from None
+    if not split or min(split) < 1:
+        raise BenchUsageError(f"--split expects positive chunk sizes like 96,32; got {text!r}")
+    return split
+
+
+def splits_for(block_n: int, requested: Iterable[tuple[int, ...]] = ()) -> tuple[tuple[int, ...], ...]:
+    """The PV splits to time for a kernel with this block_n: the requested ones, else every valid candidate."""
+    return tuple(requested) or tuple(s for s in CANDIDATE_SPLITS if sum(s) == block_n)
+
+
+def block_n_for(case: Case) -> int:
+    """The block_n codegen.plan resolves for this shape (so the bench follows the generator's choice)."""
+    from codegen.plan import resolve
+    from codegen.spec import KernelSpec
+
+    return resolve(KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
+                              causal=case.causal)).block_n
+
+
+def split_name(split: Sequence[int]) -> str:
+    return "+".join(str(c) for c in split)
+
+
+# --------------------------------------------------------------------------------------------------
+# rows and the numbers derived from them
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    impl: str
+    case: Case
+    ms: float | None = None
+    rel_err: float | None = None
+    snr_db: float | None = None
+    pv_split: tuple[int, ...] | None = None
+    iters: int | None = None
+    error: str | None = None
+    skipped: str | None = None
+    ratio_to_cudnn: float | None = None  # cuDNN ms / this ms: > 1 is faster than cuDNN
+    err_vs_ours: float | None = None  # rel_err / flashgen's best rel_err
+
+    @property
+    def tflops(self) -> float | None:
+        return self.case.flops / self.ms / 1e9 if self.ms else None
+
+    @property
+    def ok(self) -> bool:
+        return self.ms is not None and self.error is None and self.skipped is None
+
+    def to_json(self) -> dict:
+        c = self.case
+        return {
+            "impl": self.impl, "B": c.batch, "S": c.seq, "H": c.heads, "D": c.dim, "causal": c.causal,
+            "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
+            "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
+            "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
+            "pv_split": list(self.pv_split) if self.pv_split else None, "iters": self.iters,
+            "error": self.error, "skipped": self.skipped,
+        }
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no inf or NaN; a non-finite number is written as null (the row's error says why)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def split_impl(split: Sequence[int]) -> str:
+    return f"flashgen[{split_name(split)}]"
+
+
+def finalize(rows: Sequence[Row]) -> list[Row]:
+    """Add each case's best-split `flashgen` row, the ratio to cuDNN and the error relative to ours."""
+    out: list[Row] = []
+    for case in _unique(r.case for r in rows):
+        group = [r for r in rows if r.case == case and not (r.impl == "flashgen" and r.ok)]
+        tried = [r for r in group if r.impl.startswith("flashgen[")]
+        splits = [r for r in tried if r.ok]
+        if splits:
+            group.insert(0, dataclasses.replace(min(splits, key=lambda r: r.ms), impl="flashgen"))
+        elif tried:
+            group.insert(0, Row("flashgen", case, error="no PV split ran; see the flashgen[...] rows"))
+        cudnn = next((r for r in group if r.impl == "cudnn" and r.ok), None)
+        ours = min((r.rel_err for r in splits if r.rel_err is not None and math.isfinite(r.rel_err)), default=None)
+        for r in group:
+            ratio = cudnn.ms / r.ms if cudnn and r.ok else None
+            vs_ours = r.rel_err / ours if ours and r.rel_err is not None else None
+            out.append(dataclasses.replace(r, ratio_to_cudnn=ratio, err_vs_ours=vs_ours))
+    return out
+
+
+def _unique(items: Iterable) -> list:
+    return list(dict.fromkeys(items))
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    impl: str
+    ratios: tuple[float | None, ...]  # one per case, in case order
+    geomean: float | None
+    measured: int  # cases with a ratio
+
+
+def ratio_summaries(rows: Sequence[Row]) -> list[RatioSummary]:
+    """Per implementation (split rows left out): its ratio to cuDNN in each case, and their geomean."""
+    cases = _unique(r.case for r in rows)
+    impls = _unique(r.impl for r in rows if not r.impl.startswith("flashgen["))
+    out = []
+    for impl in impls:
+        by_case = {r.case: r.ratio_to_cudnn for r in rows if r.impl == impl}
+        ratios = tuple(by_case.get(c) for c in cases)
+        out.append(RatioSummary(impl, ratios, geomean(ratios), sum(r is not None for r in ratios)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# text and Markdown
+# --------------------------------------------------------------------------------------------------
+
+TABLE_HEADER = ("impl", "ms", "TFLOPS", "SNR dB", "rel err", "err vs ours", "vs cuDNN")
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)
+    return format(x, spec) + suffix
+
+
+def row_cells(row: Row) -> list[str]:
+    name = row.impl if row.impl != "flashgen" or not row.pv_split else f"flashgen (best: {split_name(row.pv_split)})"
+    if row.skipped:
+        return [name, f"skipped: {row.skipped}", "", "", "", "", ""]
+    if row.error and row.ms is None:
+        return [name, f"error: {_short(row.error)}", "", "", "", "", ""]
+    cells = [name, _fmt(row.ms, ".4f"), _fmt(row.tflops, ".1f"), _fmt(row.snr_db, ".1f"), _fmt(row.rel_err, ".2e"),
+             _fmt(row.err_vs_ours, ".2f"), _fmt(row.ratio_to_cudnn, ".3f", "x")]
+    if row.error:
+        cells[0] += f" (error: {_short(row.error)})"
+    return cells
+
+
+def _short(text: str, limit: int = 90) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def case_table(rows: Sequence[Row]) -> list[list[str]]:
+    return [list(TABLE_HEADER)] + [row_cells(r) for r in rows]
+
+
+def summary_table(rows: Sequence[Row]) -> list[list[str]]:
+    """Shapes down, implementations across: each cell the ratio to cuDNN; the last line the geomean."""
+    cases = _unique(r.case for r in rows)
+    summaries = [s for s in ratio_summaries(rows) if s.impl != "cudnn"]
+    cudnn = {r.case: r for r in rows if r.impl == "cudnn"}
+    best = {r.case: r for r in rows if r.impl == "flashgen"}
+    table = [["shape", "cuDNN ms", "cuDNN TFLOPS"] + [s.impl for s in summaries]]
+    for i, case in enumerate(cases):
+        ref = cudnn.get(case)
+        line = [case.label, _fmt(ref.ms if ref else None, ".4f"), _fmt(ref.tflops if ref else None, ".1f")]
+        for s in summaries:
+            cell = _fmt(s.ratios[i], ".3f", "x")
+            if s.impl == "flashgen" and case in best and best[case].pv_split:
+                cell += f" ({split_name(best[case].pv_split)})"
+            line.append(cell)
+        table.append(line)
+    table.append(["geomean", "", ""] + [f"{_fmt(s.geomean, '.3f', 'x')} ({s.measured}/{len(cases)})"
+                                        for s in summaries])
+    return table
+
+
+def render_text(table: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_markdown(table: Sequence[Sequence[str]]) -> str:
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(table[0]), "|" + "|".join("---" for _ in table[0]) + "|"] + [line(r) for r in table[1:]])
+
+
+# --------------------------------------------------------------------------------------------------
+# results on disk
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    meta: dict
+    rows: tuple[Row, ...]
+    mode: str
+
+    def to_json(self) -> dict:
+        return {"meta": self.meta, "rows": [r.to_json() for r in self.rows]}
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def utc_stamp(now: _dt.datetime) -> str:
+    return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+def results_markdown(result: BenchResult) -> str:
+    parts = [f"# flashgen bench ({result.mode})", ""]
+    parts += [f"- {k}: {v}" for k, v in result.meta.items()]
+    if result.mode == "matrix" or len(_unique(r.case for r in result.rows)) > 1:
+        parts += ["", "## Ratio to cuDNN (same run; > 1 is faster)", "", render_markdown(summary_table(result.rows))]
+    for case in _unique(r.case for r in result.rows):
+        parts += ["", f"## {case.label}", "", render_markdown(case_table([r for r in result.rows if r.case == case]))]
+    return "\n".join(parts) + "\n"
+
+
+def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
+    """Write <gpu-slug>-<UTC stamp>.json and .md; also h200-latest.* when the GPU is an H200."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result.meta.get("date_utc_stamp") or utc_stamp(_dt.datetime.now(_dt.timezone.utc))
+    stem = f"{slug(str(result.meta.get('gpu', 'unknown')))}-{stamp}"
+    text_json = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+    text_md = results_markdown(result)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(text_json)
+    paths[1].write_text(text_md)
+    if "h200" in str(result.meta.get("gpu", "")).lower():
+        for src, suffix in zip(paths, (".json", ".md")):
+            latest = out_dir / f"h200-latest{suffix}"
+            shutil.copyfile(src, latest)
+            paths.append(latest)
+    return paths
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository, '+dirty' when the tree has changes; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def host_meta(command: str, now: _dt.datetime) -> dict:
+    """What every result records, GPU or not."""
+    meta = {
+        "date_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date_utc_stamp": utc_stamp(now),
+        "command": command,
+        "flashgen_commit": git_commit(),
+        "python": platform.python_version(),
+        "host_cpus": os.cpu_count(),
+    }
+    try:
+        from codegen import cuda_env
+
+        meta["nvrtc"] = ".".join(map(str, cuda_env.nvrtc_version()))
+    except Exception as e:  # the report still stands without the toolchain version
+        meta["nvrtc"] = f"unknown ({type(e).__name__})"
+    return meta
+
+
+def nvidia_smi_driver() -> str | None:
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = res.stdout.strip().splitlines()
+    return lines[0].strip() if res.returncode == 0 and lines else None
+
+
+def gpu_meta(torch) -> dict:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "driver_version": nvidia_smi_driver(),
+        "cuda_driver_api": _cuda_driver_api(),
+        "cuda_runtime_torch": torch.version.cuda,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    return meta
+
+
+def _cuda_driver_api() -> str | None:
+    """The driver's CUDA API version (e.g. 13.0), from cuda.bindings: what the installed driver supports."""
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# the GPU run
+# --------------------------------------------------------------------------------------------------
+
+
+def input_set_count(case: Case) -> int:
+    """Copies of (q, k, v, o) to rotate through so that a small problem is not timed out of L2."""
+    set_bytes = 4 * case.tensor_bytes
+    return max(1, min(MAX_INPUT_SETS, -(-ROTATE_BELOW_BYTES // set_bytes)))
+
+
+def reference_chunks(batch: int, heads: int, seq: int, budget: int = REFERENCE_CHUNK_BYTES) -> list[tuple[int, int, int]]:
+    """(b, h0, h1) slices for the float64 reference, each keeping its S x S intermediates under budget."""
+    per_head = 3 * seq * seq * 8  # scores, probabilities and the mask/temporaries, float64
+    step = max(1, min(heads, budget // per_head))
+    return [(b, h, min(h + step, heads)) for b in range(batch) for h in range(0, heads, step)]
+
+
+def reference_o(q, k, v, causal: bool):
+    """The float64 output, computed by slices of batch and heads so long sequences fit the GPU."""
+    import torch
+
+    from codegen.check import reference
+
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b, h0, h1 in reference_chunks(q.shape[0], q.shape[2], q.shape[1]):
+        sl = (slice(b, b + 1), slice(None), slice(h0, h1))
+        out[sl] = reference(q[sl], k[sl], v[sl], causal=causal)[0]
+    return out
+
+
+@dataclass(frozen=True)
+class Inputs:
+    sets: tuple  # ((q, k, v), ...) each (B, S, H, D)
+    ref: object  # float64 o of sets[0]
+
+
+def make_inputs(torch, case: Case) -> Inputs:
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[case.dtype]
+    shape = (case.batch, case.seq, case.heads, case.dim)
+    sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
+                 for _ in range(input_set_count(case)))
+    return Inputs(sets, reference_o(*sets[0], case.causal))
+
+
+def _bhsd(qkv):
+    return tuple(t.transpose(1, 2) for t in qkv)
+
+
+def _sdpa_calls(torch, inputs: Inputs, case: Case):
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def call(qkv):
+        q, k, v = _bhsd(qkv)
+        return lambda: sdpa(q, k, v, is_causal=case.causal).transpose(1, 2)
+
+    return [call(s) for s in inputs.sets]
+
+
+def _causal_mask_mod(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _flex_calls(torch, inputs: Inputs, case: Case):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # A fresh compile per shape: entries from earlier shapes must not count toward dynamo's recompile limit.
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    mask = (create_block_mask(_causal_mask_mod, B=None, H=None, Q_LEN=case.seq, KV_LEN=case.seq, device="cuda")
+            if case.causal else None)
+
+    def call(qkv):
+        q, k, v = _bhsd(qkv)
+        return lambda: compiled(q, k, v, block_mask=mask).transpose(1, 2)
+
+    return [call(s) for s in inputs.sets]
+
+
+def _unfused_calls(torch, inputs: Inputs, case: Case):
+    scale = 1.0 / math.sqrt(case.dim)
+    device = inputs.sets[0][0].device
+    masked = torch.ones(case.seq, case.seq, dtype=torch.bool, device=device).triu(1) if case.causal else None
+
+    def run(q, k, v):
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        if masked is not None:
+            scores.masked_fill_(masked, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
+
+    def call(qkv):
+        q, k, v = _bhsd(qkv)
+        return lambda: run(q, k, v)
+
+    return [call(s) for s in inputs.sets]
+
+
+def _flashgen_calls(split: tuple[int, ...]):
+    def make(torch, inputs: Inputs, case: Case):
+        from codegen.api import prepare
+
+        prepared = [prepare(q, k, v, causal=case.causal, pv_split=split) for q, k, v in inputs.sets]
+        return [p.__call__ for p in prepared]
+
+    return make
+
+
+def _sdpa_backend(name: str):
+    def context(torch):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, name)])
+
+    return context
+
+
+def _no_context(torch):
+    return contextlib.nullcontext()
+
+
+def _no_recompile(torch):
+    """After the first (compiling) call, a recompilation is an error, so a storm cannot hide in the timing."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    return set_stance("fail_on_recompile") if set_stance else contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    make: Callable  # (torch, inputs, case) -> [zero-argument call returning o as (B, S, H, D)], one per input set
+    context: Callable = _no_context  # (torch) -> context around every call
+    steady: Callable = _no_context  # (torch) -> context after the first call (which may compile)
+    skip: Callable[[Case], str | None] = lambda case: None
+
+
+def _math_skip(case: Case) -> str | None:
+    return f"B*H*S*S = {case.scores} > 2^28" if case.scores > MATH_MAX_SCORES else None
+
+
+def _unfused_skip(case: Case) -> str | None:
+    return f"B*H*S*S = {case.scores} > 2^33" if case.scores > UNFUSED_MAX_SCORES else None
+
+
+PEERS = {
+    "cudnn": Peer("cudnn", _sdpa_calls, _sdpa_backend("CUDNN_ATTENTION")),
+    "sdpa": Peer("sdpa", _sdpa_calls),
+    "flash": Peer("flash", _sdpa_calls, _sdpa_backend("FLASH_ATTENTION")),
+    "mem_efficient": Peer("mem_efficient", _sdpa_calls, _sdpa_backend("EFFICIENT_ATTENTION")),
+    "math": Peer("math", _sdpa_calls, _sdpa_backend("MATH"), skip=_math_skip),
+    "flex": Peer("flex", _flex_calls, steady=_no_recompile),
+    "unfused": Peer("unfused", _unfused_calls, skip=_unfused_skip),
+}
+
+
+def peers_for(case: Case, config: BenchConfig, block_n: int | None) -> list[tuple[Peer, tuple[int, ...] | None]]:
+    """The implementations to run on one case, torch's first: if one of ours faults the CUDA context, the
+    peers' rows are already measured."""
+    out = [(PEERS[name], None) for name in config.peers if name != "flashgen"]
+    if "flashgen" in config.peers and block_n is not None:
+        out += [(Peer(split_impl(s), _flashgen_calls(s)), s) for s in splits_for(block_n, config.splits)]
+    return out
+
+
+def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> float:
+    """Median milliseconds per call by CUDA events.
+
+    All iterations are enqueued behind a GPU sleep long enough to cover the CPU's enqueueing, and
+    synchronized once, so each event pair brackets GPU work alone. Synchronizing every iteration (as
+    codegen.check.time_cuda does) adds the launch latency, about 20 us, to every call; a sleep shorter than
+    the enqueueing lets the GPU catch up and time the CPU (flex_attention's guards cost ~100 us a call).
+    """
+    host_s = []
+    for _ in range(max(1, warmup)):
+        t0 = time.perf_counter()
+        fn()
+        host_s.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(queue_ahead_s(statistics.median(host_s), iters) * ASSUMED_CLOCK_HZ))
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def queue_ahead_s(host_s_per_call: float, iters: int) -> float:
+    """GPU sleep before the timed calls: their enqueueing (events included) with a margin, capped."""
+    per_call = 1.5 * host_s_per_call + QUEUE_AHEAD_S_PER_ITER
+    return min(MAX_QUEUE_AHEAD_S, iters * per_call)
+
+
+def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: int = 10) -> int:
+    """Iterations that fit the per-implementation budget, never fewer than floor nor more than asked."""
+    if estimate_ms <= 0 or not math.isfinite(estimate_ms):
+        return iters
+    return max(min(floor, iters), min(iters, int(budget_ms / estimate_ms)))
+
+
+def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig) -> Row:
+    """One row: error against float64 on the first input set, then the median time rotating over all sets."""
+    from codegen.check import rel_err, snr_db
+
+    skip = peer.skip(case)
+    if skip:
+        return Row(peer.name, case, pv_split=split, skipped=skip)
+    try:
+        with peer.context(torch):
+            calls = peer.make(torch, inputs, case)
+            out = calls[0]()
+            torch.cuda.synchronize()
+            with peer.steady(torch):
+                err = rel_err(out, inputs.ref)
+                del out
+                rotate = itertools.cycle(calls).__next__
+                estimate = time_gpu(torch, lambda: rotate()(), warmup=1, iters=3)
+                iters = iterations_within(TIME_BUDGET_MS, estimate, config.iters)
+                ms = time_gpu(torch, lambda: rotate()(), warmup=config.warmup, iters=iters)
+    except Exception as e:  # one failing peer is a row, never the end of the run
+        return Row(peer.name, case, pv_split=split, error=f"{type(e).__name__}: {e}")
+    note = None if math.isfinite(err) else "output holds NaN or inf"
+    return Row(peer.name, case, ms=ms, rel_err=err, snr_db=snr_db_from(err), pv_split=split, iters=iters, error=note)
+
+
+def snr_db_from(err: float) -> float:
+    """-20 log10(rel err), as codegen.check.snr_db computes it, without a second pass over the tensors."""
+    if err == 0:
+        return float("inf")
+    return -20.0 * math.log10(err) if math.isfinite(err) else float("-inf")
+
+
+def cuda_fault(torch) -> str | None:
+    """None while the CUDA context still works; else why it does not (a fault is sticky for the process)."""
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[Row], str | None]:
+    """Every implementation on one case; returns the rows and, if the CUDA context died, why."""
+    block_n, plan_error = None, None
+    if "flashgen" in config.peers:
+        try:
+            block_n = block_n_for(case)
+        except Exception as e:
+            plan_error = f"{type(e).__name__}: {e}"
+    rows = [Row("flashgen", case, error=plan_error)] if plan_error else []
+    try:
+        inputs = make_inputs(torch, case)
+    except Exception as e:
+        return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}") for name in config.peers], \
+            cuda_fault(torch)
+    for peer, split in peers_for(case, config, block_n):
+        row = measure(torch, peer, split, case, inputs, config)
+        rows.append(row)
+        progress(f"  {peer.name:<18} " + (f"{row.ms:.4f} ms, rel err {row.rel_err:.2e}" if row.ms is not None
+                                          else row.skipped or _short(row.error or "")))
+        fault = cuda_fault(torch)
+        if fault:
+            return rows, f"CUDA context lost after {peer.name} on {case.label}: {fault}"
+    del inputs
+    torch.cuda.empty_cache()
+    return rows, None
+
+
+def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"gen.py bench needs a CUDA GPU; torch {torch.__version__} sees none")
+    now = _dt.datetime.now(_dt.timezone.utc)
+    meta = {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
+            "seed": config.seed, "matrix": config.matrix}
+    torch.manual_seed(config.seed)
+    rows: list[Row] = []
+    fault = None
+    for i, case in enumerate(config.cases):
+        if fault:
+            rows += [Row(name, case, error=fault) for name in config.peers]
+            continue
+        progress(f"[{i + 1}/{len(config.cases)}] {case.label}")
+        case_rows, fault = bench_case(torch, case, config, progress)
+        rows += case_rows
+    return BenchResult(meta, tuple(finalize(rows)), config.mode)
+
+
+# --------------------------------------------------------------------------------------------------
+# compile time
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildTiming:
+    total_s: float
+    render_s: float  # plan + layout derivations + Jinja
+    compile_s: float  # NVRTC, or the disk-cache read on a hit
+    cached: bool
+
+    @property
+    def other_s(self) -> float:
+        return max(0.0, self.total_s - self.render_s - self.compile_s)
+
+
+@dataclass(frozen=True)
+class CompileTiming:
+    kernel: str
+    cold: BuildTiming
+    warm: BuildTiming
+    template_load_s: float  # Jinja's parse of the template, paid once per process (inside cold)
+
+    @property
+    def cold_ok(self) -> bool:
+        return self.cold.total_s < COLD_TARGET_S
+
+    @property
+    def warm_ok(self) -> bool:
+        return self.warm.total_s < WARM_TARGET_S and self.warm.cached
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "cold": _timing_json(self.cold), "warm": _timing_json(self.warm),
+                "template_load_s": self.template_load_s, "cold_target_s": COLD_TARGET_S,
+                "warm_target_s": WARM_TARGET_S, "cold_ok": self.cold_ok, "warm_ok": self.warm_ok}
+
+
+def _timing_json(t: BuildTiming) -> dict:
+    return {"total_s": t.total_s, "render_s": t.render_s, "compile_s": t.compile_s, "other_s": t.other_s,
+            "cached": t.cached}
+
+
+def _timed_build(spec) -> BuildTiming:
+    from codegen.build import build
+
+    t0 = time.perf_counter()
+    built = build(spec)
+    total = time.perf_counter() - t0
+    return BuildTiming(total, built.render_seconds, built.compiled.compile_seconds, built.compiled.cached)
+
+
+@contextlib.contextmanager
+def fresh_cache_dir():
+    """FLASHGEN_CACHE_DIR pointed at an empty temporary folder for the duration; restored after."""
+    old = os.environ.get("FLASHGEN_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="flashgen-bench-cache-") as tmp:
+        os.environ["FLASHGEN_CACHE_DIR"] = tmp
+        try:
+            yield Path(tmp)
+        finally:
+            if old is None:
+                os.environ.pop("FLASHGEN_CACHE_DIR", None)
+            else:
+                os.environ["FLASHGEN_CACHE_DIR"] = old
+
+
+def time_compile(spec) -> CompileTiming:
+    """Cold: render + NVRTC into an empty cache, with Jinja's template cache emptied first. Warm: the same
+    spec built again (a new plan, a new render, the cubin read back from disk)."""
+    from codegen import render
+
+    with fresh_cache_dir():
+        render.environment.cache_clear()
+        t0 = time.perf_counter()
+        render.environment().get_template(render.TEMPLATE_BY_ARCH[spec.arch])
+        template_load = time.perf_counter() - t0
+        render.environment.cache_clear()
+        cold = _timed_build(spec)
+        warm = _timed_build(spec)
+    return CompileTiming(spec.name, cold, warm, template_load)
+
+
+def import_seconds() -> float | None:
+    """Seconds a fresh interpreter takes to import the generator (sympy, jinja2, cuda.bindings): part of a
+    first compile in a new process, though not of `build` itself."""
+    code = "import time; t = time.perf_counter(); import codegen.build; print(time.perf_counter() - t)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+        return float(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def compile_specs(config: BenchConfig) -> list:
+    from codegen.plan import resolve
+    from codegen.spec import KernelSpec
+
+    specs = []
+    for case in config.cases:
+        base = KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
+                          causal=case.causal)
+        for split in config.splits or ((),):
+            specs.append(resolve(base.replace(pv_split=split)))
+    return specs
+
+
+def compile_table(timings: Sequence[CompileTiming]) -> list[list[str]]:
+    def ms(x):
+        return f"{x * 1e3:.1f}"
+
+    table = [["kernel", "cold ms", "render", "NVRTC", "other", "warm ms", "render", "cache read", "other",
+              "targets"]]
+    for t in timings:
+        verdict = (f"cold {'ok' if t.cold_ok else 'MISS'} (<{COLD_TARGET_S:g} s), "
+                   f"warm {'ok' if t.warm_ok else 'MISS'} (<{WARM_TARGET_S * 1e3:g} ms)")
+        if not t.warm.cached:
+            verdict += ", warm build missed the cache"
+        table.append([t.kernel, ms(t.cold.total_s), ms(t.cold.render_s), ms(t.cold.compile_s), ms(t.cold.other_s),
+                      ms(t.warm.total_s), ms(t.warm.render_s), ms(t.warm.compile_s), ms(t.warm.other_s), verdict])
+    return table
+
+
+def run_compile(config: BenchConfig) -> tuple[dict, list[CompileTiming]]:
+    now = _dt.datetime.now(_dt.timezone.utc)
+    meta = {**host_meta(config.command, now), "import_s": import_seconds()}
+    return meta, [time_compile(spec) for spec in compile_specs(config)]
+
+
+def compile_markdown(meta: dict, timings: Sequence[CompileTiming]) -> str:
+    lines = ["# flashgen bench (compile)", ""] + [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", render_markdown(compile_table(timings))]
+    return "\n".join(lines) + "\n"
+
+
+def save_compile(meta: dict, timings: Sequence[CompileTiming], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"compile-{slug(platform.node() or 'host')}-{meta['date_utc_stamp']}"
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps({"meta": meta, "kernels": [t.to_json() for t in timings]}, indent=2) + "\n")
+    paths[1].write_text(compile_markdown(meta, timings))
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def bench_main(argv: list[str]) -> int:
+    try:
+        config = parse_config(argv)
+    except BenchUsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if config.mode == "compile":
+        return _compile_main(config)
+    try:
+        result = run_gpu(config)
+    except (ImportError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if config.out is not None:
+        for path in save_results(result, config.out):
+            print(f"wrote {path}", file=sys.stderr)
+    print()
+    if config.mode == "matrix" or len(config.cases) > 1:
+        print("ratio to cuDNN, measured in this run (> 1 is faster):")
+        print(render_text(summary_table(result.rows)))
+    else:
+        print(f"{config.cases[0].label}, on {result.meta.get('gpu')}:")
+        print(render_text(case_table(result.rows)))
+    return 0 if any(r.impl == "flashgen" and r.ok for r in result.rows) or "flashgen" not in config.peers else 1
+
+
+def _compile_main(config: BenchConfig) -> int:
+    from codegen.spec import SpecError
+
+    try:
+        meta, timings = run_compile(config)
+    except (SpecError, RuntimeError, ImportError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if config.out is not None:
+        for path in save_compile(meta, timings, config.out):
+            print(f"wrote {path}", file=sys.stderr)
+    imp = meta.get("import_s")
+    print(f"import of the generator in a fresh interpreter: {imp * 1e3:.0f} ms" if imp is not None
+          else "import time: could not be measured")
+    print(f"template parse (part of cold): {', '.join(f'{t.template_load_s * 1e3:.1f} ms' for t in timings)}")
+    print(render_text(compile_table(timings)))
+    return 0
