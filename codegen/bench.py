@@ -464,6 +464,19 @@ def git_commit() -> str | None:
         return None
 
 
+def source_sha256() -> str:
+    """SHA-256 over the generator's sources and templates: names the kernel version where there is no .git
+    (the GPU machine runs a copy of the working tree)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in ("codegen", "layouts", "templates"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".j2", ".cuh", ".h"):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def host_meta(command: str, now: _dt.datetime) -> dict:
     """What every result records, GPU or not."""
     meta = {
@@ -471,6 +484,7 @@ def host_meta(command: str, now: _dt.datetime) -> dict:
         "date_utc_stamp": utc_stamp(now),
         "command": command,
         "flashgen_commit": git_commit(),
+        "flashgen_source_sha256": source_sha256(),
         "python": platform.python_version(),
         "host_cpus": os.cpu_count(),
     }
