@@ -30,7 +30,7 @@ VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, p
     (dict(seq_len=128, heads=1, head_dim=128, arch="sm_80"), "arch"),
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=96), "block_n"),
-    (dict(seq_len=128, heads=1, head_dim=128, stages=0), "stages"),
+    (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
     (dict(seq_len=128, heads=1, head_dim=128, pv_split=(100, 28)), "multiple of 16"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=128, pv_split=(64, 32)), "add up"),
 ])
