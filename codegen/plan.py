@@ -31,8 +31,9 @@ PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
 CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 registers per SM
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 SMEM_ALIGN_SLACK = 1024  # the kernel rounds its dynamic base up to 1024 bytes
-# A deeper K/V ring hides more load latency; measured in bench/LOG.md. Three fit up to D=128.
-MAX_STAGES = 3
+# A deeper K/V ring hides more load latency (2 -> 3 stages: 0.85x -> 1.04x cuDNN at the seed shape, bench/LOG.md
+# v3). Four fit at D=64, three at D=128, two at D=256.
+MAX_STAGES = 4
 
 
 def resolve(spec: KernelSpec) -> KernelSpec:

@@ -347,8 +347,12 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
     wgmma_wait<0>();  // PV(j-1) is done: its P registers and stage j-1 are free, and O may be rescaled
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s_prev));
+    // Rescale only when some row's max grew (alpha = exp2(0) = 1 exactly otherwise); once the running max
+    // settles, most blocks skip the 64 multiplies. The branch is warp-uniform.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
 #pragma unroll
     for (int r = 0; r < 32; ++r) p[r] = pack2(sc[2 * r], sc[2 * r + 1]);
   }
