@@ -405,14 +405,20 @@ def render_markdown(table: Sequence[Sequence[str]]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+# The run facts repeated in every JSON row, so each row stands alone; the Markdown file lists them all.
+RUN_KEYS = ("gpu", "driver_version", "torch", "cudnn", "triton", "date_utc", "flashgen_source_sha256", "command")
+
+
 @dataclass(frozen=True)
 class BenchResult:
     meta: dict
     rows: tuple[Row, ...]
     mode: str
 
-    def to_json(self) -> dict:
-        return {"meta": self.meta, "rows": [r.to_json() for r in self.rows]}
+    def to_json(self) -> list[dict]:
+        """A list of rows (the issue's format); each row carries the run's GPU, driver, versions and date."""
+        run = {key: self.meta.get(key) for key in RUN_KEYS}
+        return [{**r.to_json(), **run} for r in self.rows]
 
 
 def slug(text: str) -> str:
