@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """flashgen command line.
 
-  gen.py --shape S,H,D [--dtype f16|bf16] [--causal] [--split 96,32] [--arch sm_90a] [--run]
+  gen.py --shape S,H,D [--dtype f16|bf16] [--causal] [--split 96,32] [--arch sm_90a] [--run] [--export DIR]
       emit generated/<name>.cu and <name>.json, compile with NVRTC, print registers, spills, shared memory
-      and compile time; --run also runs it on the GPU against a float64 reference.
+      and compile time; --run also runs it on the GPU against a float64 reference; --export DIR writes a
+      bundle with a C launcher for builds without Python.
   gen.py layout ...   derived shared-memory layouts, descriptors and tensor maps (gen.py layout -h)
   gen.py verify       check every layout derivation the generator uses
   gen.py probe        check the layout models against the GPU's real TMA loads and wgmma reads
@@ -51,7 +52,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--split", default="", metavar="96,32", help="PV chunks in keys (default: per shape)")
     parser.add_argument("--arch", default="sm_90a")
     parser.add_argument("--block-n", type=int, default=0, help="keys per K/V tile (default: per head dim)")
-    parser.add_argument("--stages", type=int, default=2, help="depth of the K/V ring")
+    parser.add_argument("--stages", type=int, default=0, help="depth of the K/V ring (default: as deep as fits)")
 
 
 def _spec_from(args):
@@ -88,6 +89,9 @@ def generate_main(argv: list[str]) -> int:
     parser.add_argument("--no-cache", action="store_true", help="compile even if the cubin is cached")
     parser.add_argument("--run", action="store_true", help="run on the GPU against a float64 reference")
     parser.add_argument("--batch", type=int, default=1, help="batch size for --run")
+    parser.add_argument("--export", type=pathlib.Path, metavar="DIR",
+                        help="also write a self-contained bundle (kernel, C launcher, example, CMakeLists.txt, "
+                             "PTX, cubin) for builds without Python")
     args = parser.parse_args(argv)
     try:
         spec = _spec_from(args)
@@ -107,6 +111,12 @@ def generate_main(argv: list[str]) -> int:
     print(f"  smem       {built.plan.smem.total} bytes dynamic")
     print(f"  compile    {c.compile_seconds:.2f} s NVRTC{' (cache hit)' if c.cached else ''}, "
           f"{total:.2f} s total")
+    if args.export:
+        from codegen.export import export_bundle, nvcc_command
+
+        bundle = export_bundle(spec, args.export)
+        print(f"  bundle     {args.export}/ ({len(bundle.files)} files); build the example with:")
+        print("             " + " ".join(nvcc_command(bundle)))
     if args.run:
         return run_main(spec, args.batch)
     return 0

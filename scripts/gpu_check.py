@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One call on the GPU machine: GPU tests, the basis-vector probe, the benchmark; a short table last.
+"""One call on the GPU machine: GPU tests, the probe, the exported example, the benchmark; a table last.
 
     PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--bench-args "..."]
 
@@ -43,6 +43,7 @@ def main() -> int:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-probe", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--skip-export", action="store_true")
     parser.add_argument("--tests", default="tests/test_gpu.py", help="pytest target(s)")
     parser.add_argument("--bench-args", default="--matrix default")
     parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
@@ -71,6 +72,23 @@ def main() -> int:
             f.unlink()
         summary.append(("layout probe", "PASS" if ok else "FAIL", "; ".join(lines), time.time() - t0))
         print("\n".join(lines), flush=True)
+
+    if not args.skip_export:
+        t0 = time.time()
+        bundle_dir = pathlib.Path("/tmp/flashgen-bundle")
+        shutil.rmtree(bundle_dir, ignore_errors=True)
+        rc, text, _ = run([sys.executable, "gen.py", "--shape", "1024,64,128", "--export", str(bundle_dir),
+                           "--out", str(bundle_dir / "generated")], out / "export.log", timeout=120)
+        build_cmd = next((line.strip() for line in text.splitlines() if line.strip().startswith("nvcc ")), None)
+        detail = "export failed"
+        if rc == 0 and build_cmd:
+            rc, text2, _ = run(shlex.split(build_cmd), out / "export-build.log", timeout=300)
+            detail = "nvcc build failed"
+            if rc == 0:
+                rc, text3, _ = run([str(bundle_dir / "example"), "2"], out / "export-run.log", timeout=120)
+                detail = text3.strip().splitlines()[-1] if text3.strip() else "(no output)"
+        summary.append(("export example", "PASS" if rc == 0 else f"FAIL rc={rc}", detail, time.time() - t0))
+        print(detail, flush=True)
 
     if not args.skip_bench:
         rc, text, secs = run([sys.executable, "gen.py", "bench", *shlex.split(args.bench_args)], out / "bench.log",

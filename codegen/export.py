@@ -1,0 +1,88 @@
+"""Export a self-contained bundle of one kernel for C++/CUDA builds with no Python at run time.
+
+The bundle: the kernel source (CUDA toolkit headers only), a C header and launcher that build the tensor maps
+through the driver API and launch with the manifest's grid/block/shared memory, the manifest, the NVRTC PTX
+and cubin for sm_90a, an example program that checks the kernel against a float32 reference, and a minimal
+CMakeLists.txt. The tensor-map dims, strides and boxes in the launcher are the layouts/ recipes' own
+expressions, rendered, not retyped.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+from .build import BuiltKernel, build
+from .render import environment
+from .spec import KernelSpec
+
+_DTYPE_C = {"f16": "__half", "bf16": "__nv_bfloat16"}
+_TMA_DTYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+_TMA_SWIZZLE = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
+                "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}
+# The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
+_EXAMPLE_TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
+
+
+@dataclass(frozen=True)
+class Bundle:
+    directory: pathlib.Path
+    files: tuple[pathlib.Path, ...]
+    built: BuiltKernel
+
+
+def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
+    built = build(spec)
+    plan, name = built.plan, built.rendered.kernel_name
+    directory.mkdir(parents=True, exist_ok=True)
+    operands = []
+    for op in ("q", "k", "v", "o"):
+        described = getattr(plan, op).tensor_map.describe()
+        operands.append({"name": op, "rank": described["rank"], "describe": described,
+                         "swizzle_enum": _TMA_SWIZZLE[described["swizzle"]]})
+    context = {
+        "summary": plan.template_context()["summary"],
+        "kernel_name": name,
+        "launch_fn": f"{name}_launch",
+        "seq_len": plan.spec.seq_len,
+        "heads": plan.spec.heads,
+        "head_dim": plan.spec.head_dim,
+        "causal": plan.spec.causal,
+        "dtype": plan.spec.dtype,
+        "dtype_c": _DTYPE_C[plan.spec.dtype],
+        "elem_bytes": plan.spec.elem_bytes,
+        "tma_dtype": _TMA_DTYPE[plan.spec.dtype],
+        "operands": operands,
+        "smem_bytes": plan.smem.total,
+        "threads": plan.threads,
+        "grid_x": plan.m_blocks,
+        "tolerance": _EXAMPLE_TOLERANCE[plan.spec.dtype],
+    }
+    env = environment()
+    files = {
+        f"{name}.cu": built.rendered.source,
+        f"{name}.h": env.get_template("export/launch.h.j2").render(**context),
+        f"{name}_launch.cu": env.get_template("export/launch.cu.j2").render(**context),
+        "example.cu": env.get_template("export/example.cu.j2").render(**context),
+        "CMakeLists.txt": env.get_template("export/CMakeLists.txt.j2").render(**context),
+        f"{name}.json": json.dumps(built.manifest(), indent=2) + "\n",
+        f"{name}.ptx": built.compiled.ptx,
+    }
+    written = []
+    for filename, text in files.items():
+        path = directory / filename
+        path.write_text(text)
+        written.append(path)
+    cubin = directory / f"{name}.cubin"
+    cubin.write_bytes(built.compiled.cubin)
+    written.append(cubin)
+    return Bundle(directory, tuple(written), built)
+
+
+def nvcc_command(bundle: Bundle, nvcc: str = "nvcc", output: str = "example") -> list[str]:
+    """The one-line build of the example (the same flags as the bundle's CMakeLists.txt)."""
+    name = bundle.built.rendered.kernel_name
+    return [nvcc, "-O2", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-I", str(bundle.directory),
+            str(bundle.directory / "example.cu"), str(bundle.directory / f"{name}_launch.cu"),
+            "-o", str(bundle.directory / output)]
