@@ -25,7 +25,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
+
+from .check import reference, time_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -46,11 +47,7 @@ MATH_MAX_SCORES = 2**28  # B*H*S*S above this: the math backend's S x S float sc
 UNFUSED_MAX_SCORES = 2**33  # unfused keeps scores and probabilities (2 bytes each) alive at once
 ROTATE_BELOW_BYTES = 200 * 2**20  # rotate input copies until the working set is past L2 (50 MB) by far
 MAX_INPUT_SETS = 8
-REFERENCE_CHUNK_BYTES = 6 * 2**30  # float64 scores, softmax and mask of one reference chunk
 TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the slow peers
-QUEUE_AHEAD_S_PER_ITER = 20e-6  # GPU sleep per timed iteration beyond the call's own host time (events)
-MAX_QUEUE_AHEAD_S = 1.0
-ASSUMED_CLOCK_HZ = 2.0e9
 
 COLD_TARGET_S = 1.5
 WARM_TARGET_S = 0.050
@@ -558,26 +555,6 @@ def input_set_count(case: Case) -> int:
     return max(1, min(MAX_INPUT_SETS, -(-ROTATE_BELOW_BYTES // set_bytes)))
 
 
-def reference_chunks(batch: int, heads: int, seq: int, budget: int = REFERENCE_CHUNK_BYTES) -> list[tuple[int, int, int]]:
-    """(b, h0, h1) slices for the float64 reference, each keeping its S x S intermediates under budget."""
-    per_head = 3 * seq * seq * 8  # scores, probabilities and the mask/temporaries, float64
-    step = max(1, min(heads, budget // per_head))
-    return [(b, h, min(h + step, heads)) for b in range(batch) for h in range(0, heads, step)]
-
-
-def reference_o(q, k, v, causal: bool):
-    """The float64 output, computed by slices of batch and heads so long sequences fit the GPU."""
-    import torch
-
-    from codegen.check import reference
-
-    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
-    for b, h0, h1 in reference_chunks(q.shape[0], q.shape[2], q.shape[1]):
-        sl = (slice(b, b + 1), slice(None), slice(h0, h1))
-        out[sl] = reference(q[sl], k[sl], v[sl], causal=causal)[0]
-    return out
-
-
 @dataclass(frozen=True)
 class Inputs:
     sets: tuple  # ((q, k, v), ...) each (B, S, H, D)
@@ -589,7 +566,7 @@ def make_inputs(torch, case: Case) -> Inputs:
     shape = (case.batch, case.seq, case.heads, case.dim)
     sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
                  for _ in range(input_set_count(case)))
-    return Inputs(sets, reference_o(*sets[0], case.causal))
+    return Inputs(sets, reference(*sets[0], causal=case.causal)[0])
 
 
 def _bhsd(qkv):
@@ -710,38 +687,6 @@ def peers_for(case: Case, config: BenchConfig, block_n: int | None) -> list[tupl
     return out
 
 
-def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> float:
-    """Median milliseconds per call by CUDA events.
-
-    All iterations are enqueued behind a GPU sleep long enough to cover the CPU's enqueueing, and
-    synchronized once, so each event pair brackets GPU work alone. Synchronizing every iteration (as
-    codegen.check.time_cuda does) adds the launch latency, about 20 us, to every call; a sleep shorter than
-    the enqueueing lets the GPU catch up and time the CPU (flex_attention's guards cost ~100 us a call).
-    """
-    host_s = []
-    for _ in range(max(1, warmup)):
-        t0 = time.perf_counter()
-        fn()
-        host_s.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:
-        sleep(int(queue_ahead_s(statistics.median(host_s), iters) * ASSUMED_CLOCK_HZ))
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
-
-
-def queue_ahead_s(host_s_per_call: float, iters: int) -> float:
-    """GPU sleep before the timed calls: their enqueueing (events included) with a margin, capped."""
-    per_call = 1.5 * host_s_per_call + QUEUE_AHEAD_S_PER_ITER
-    return min(MAX_QUEUE_AHEAD_S, iters * per_call)
-
-
 def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: int = 10) -> int:
     """Iterations that fit the per-implementation budget, never fewer than floor nor more than asked."""
     if estimate_ms <= 0 or not math.isfinite(estimate_ms):
@@ -751,7 +696,7 @@ def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: i
 
 def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig) -> Row:
     """One row: error against float64 on the first input set, then the median time rotating over all sets."""
-    from codegen.check import rel_err, snr_db
+    from codegen.check import rel_err
 
     skip = peer.skip(case)
     if skip:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+import time
+from typing import Callable
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
@@ -66,10 +68,10 @@ def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd") -> float:
     return rel_err(o, ref)
 
 
-@dataclass(frozen=True)
-class Timing:
-    ms: float
-    tflops: float
+# Timing (time_gpu): how far ahead of the timed calls the GPU is put to sleep, and the clock it sleeps by.
+QUEUE_AHEAD_S_PER_ITER = 20e-6  # GPU sleep per timed iteration beyond the call's own host time (events)
+MAX_QUEUE_AHEAD_S = 1.0
+ASSUMED_CLOCK_HZ = 2.0e9
 
 
 def attention_flops(batch: int, seq: int, heads: int, dim: int, causal: bool) -> float:
@@ -77,20 +79,33 @@ def attention_flops(batch: int, seq: int, heads: int, dim: int, causal: bool) ->
     return flops / 2 if causal else flops
 
 
-def time_cuda(fn, *, warmup: int = 10, iters: int = 50) -> float:
-    """Median milliseconds of `fn` by CUDA events, after warm-up."""
-    import torch
+def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> float:
+    """Median milliseconds per call by CUDA events.
 
-    for _ in range(warmup):
+    All iterations are enqueued behind a GPU sleep long enough to cover the CPU's enqueueing, and
+    synchronized once, so each event pair brackets GPU work alone. Synchronizing every iteration (as
+    a simple per-call timer would) adds the launch latency, about 20 us, to every call; a sleep shorter than
+    the enqueueing lets the GPU catch up and time the CPU (flex_attention's guards cost ~100 us a call).
+    """
+    host_s = []
+    for _ in range(max(1, warmup)):
+        t0 = time.perf_counter()
         fn()
+        host_s.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(queue_ahead_s(statistics.median(host_s), iters) * ASSUMED_CLOCK_HZ))
+    for start, end in events:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def queue_ahead_s(host_s_per_call: float, iters: int) -> float:
+    """GPU sleep before the timed calls: their enqueueing (events included) with a margin, capped."""
+    per_call = 1.5 * host_s_per_call + QUEUE_AHEAD_S_PER_ITER
+    return min(MAX_QUEUE_AHEAD_S, iters * per_call)

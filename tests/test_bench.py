@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from codegen import bench
+from codegen import bench, check
 from codegen.bench import BenchUsageError, Case, Row
 
 SEED = Case(1, 1024, 64, 128, "f16")
@@ -106,14 +106,6 @@ def test_small_problems_rotate_input_copies():
     assert bench.input_set_count(SEED) == 4  # q, k, v, o of 16 MiB each: ceil(200 / 64) sets
     assert bench.input_set_count(Case(1, 128, 1, 64)) == bench.MAX_INPUT_SETS
     assert bench.input_set_count(Case(4, 4096, 32, 128, "bf16")) == 1
-
-
-def test_reference_chunks_cover_every_head_once_within_budget():
-    chunks = bench.reference_chunks(batch=2, heads=16, seq=16384)
-    covered = [(b, h) for b, h0, h1 in chunks for h in range(h0, h1)]
-    assert sorted(covered) == [(b, h) for b in range(2) for h in range(16)]
-    assert all(3 * (h1 - h0) * 16384**2 * 8 <= bench.REFERENCE_CHUNK_BYTES for _, h0, h1 in chunks)
-    assert bench.reference_chunks(batch=1, heads=64, seq=1024) == [(0, 0, 64)]
 
 
 def test_peers_run_torch_first_and_flashgen_splits_last():
@@ -307,14 +299,14 @@ class _FakeTorch:
 
 def test_time_gpu_is_the_median_after_warmup_with_one_sync():
     fake = _FakeTorch([100.0, 100.0] + [1.0, 5.0, 2.0, 9.0, 3.0])
-    ms = bench.time_gpu(fake, fake.cuda.step, warmup=2, iters=5)
+    ms = check.time_gpu(fake, fake.cuda.step, warmup=2, iters=5)
     assert ms == 3.0  # warm-up calls (100 ms) are not timed
     assert fake.cuda.syncs == 2 and len(fake.cuda.slept) == 1 and fake.cuda.slept[0] > 0
 
 
 def test_queue_ahead_covers_the_host_time_and_is_capped():
-    assert bench.queue_ahead_s(100e-6, 100) == pytest.approx(100 * (150e-6 + bench.QUEUE_AHEAD_S_PER_ITER))
-    assert bench.queue_ahead_s(1.0, 100) == bench.MAX_QUEUE_AHEAD_S
+    assert check.queue_ahead_s(100e-6, 100) == pytest.approx(100 * (150e-6 + check.QUEUE_AHEAD_S_PER_ITER))
+    assert check.queue_ahead_s(1.0, 100) == check.MAX_QUEUE_AHEAD_S
 
 
 def test_iterations_within_budget():
@@ -333,25 +325,26 @@ def test_snr_from_error():
 # ---------------------------------------------------------------------------------------------- CPU torch
 
 
-def test_chunked_reference_matches_the_whole_one(monkeypatch):
+def test_chunked_reference_matches_the_whole_one():
     torch = pytest.importorskip("torch")
     from codegen.check import reference
 
     q, k, v = (torch.randn(2, 48, 3, 64, dtype=torch.float32) for _ in range(3))
-    monkeypatch.setattr(bench, "REFERENCE_CHUNK_BYTES", 3 * 48 * 48 * 8)  # one head per chunk
     for causal in (False, True):
-        whole = reference(q, k, v, causal=causal)[0]
-        assert torch.allclose(bench.reference_o(q, k, v, causal), whole, rtol=0, atol=1e-12)
+        whole = reference(q, k, v, causal=causal)
+        one_head_at_a_time = reference(q, k, v, causal=causal, max_score_bytes=48 * 48 * 8)
+        for a, b in zip(whole, one_head_at_a_time):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_unfused_peer_matches_the_reference(causal):
     torch = pytest.importorskip("torch")
-    from codegen.check import rel_err
+    from codegen.check import reference, rel_err
 
     case = Case(2, 40, 3, 64, "f16", causal)
     sets = tuple(tuple(torch.randn(2, 40, 3, 64, dtype=torch.float32) for _ in range(3)) for _ in range(2))
-    inputs = bench.Inputs(sets, bench.reference_o(*sets[0], causal))
+    inputs = bench.Inputs(sets, reference(*sets[0], causal=causal)[0])
     calls = bench._unfused_calls(torch, inputs, case)
     assert len(calls) == 2
     assert rel_err(calls[0](), inputs.ref) < 1e-5

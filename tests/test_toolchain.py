@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import re
-import sys
 import time
 from pathlib import Path
 
