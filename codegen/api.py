@@ -36,13 +36,20 @@ def _loaded(key: KernelKey):
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-              layout: str = "bshd", pv_split: tuple[int, ...] | None = None, **tuning):
-    """Softmax(q k^T * scale) v for q, k, v of shape (B, S, H, D), or (B, H, S, D) with layout="bhsd".
+              layout: str = "bshd", window: tuple[int, int] | None = None, softcap: float = 0.0,
+              pv_split: tuple[int, ...] | None = None, **tuning):
+    """Softmax(q k^T * scale) v for q of shape (B, S_q, H, D) and k, v of shape (B, S_k, H_kv, D), or the
+    (B, H, S, D) layouts with layout="bhsd".
 
-    Returns o in the same layout as q (and, with return_lse, the (B, H, S) float32 natural-log logsumexp).
-    The kernel specialized for (S, H, D, dtype, causal, split) is generated, compiled and cached on first use.
+    H must be a multiple of H_kv (grouped-query attention; H_kv = 1 is multi-query); K and V are read in
+    place, never repeated. `causal` and `window=(left, right)` (-1 for unbounded) are aligned to the bottom
+    right when S_q != S_k: query i sees keys up to i + S_k - S_q. `softcap` > 0 caps the scaled scores as
+    softcap * tanh(scores / softcap). A row that sees no key at all outputs 0 with logsumexp -inf.
+    Returns o in q's layout (and, with return_lse, the (B, H, S_q) float32 natural-log logsumexp). The kernel
+    specialized for these shapes and options is generated, compiled and cached on first use.
     """
-    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, pv_split=pv_split, **tuning)
+    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
+                   pv_split=pv_split, **tuning)
     call()
     return (call.o, call.lse) if return_lse else call.o
 
@@ -73,8 +80,8 @@ class PreparedAttention:
 
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-            pv_split: tuple[int, ...] | None = None, out=None, block_n: int = 0, stages: int = 0,
-            pingpong: bool = True) -> PreparedAttention:
+            window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
+            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
     pv_split, block_n, stages and pingpong are the tuning knobs of KernelSpec; the defaults are the measured
@@ -84,16 +91,18 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
 
     from . import driver
 
-    batch, seq, heads, dim = _check_inputs(q, k, v, layout)
+    shape = _check_inputs(q, k, v, layout)
     if scale is None:
-        scale = 1.0 / math.sqrt(dim)
+        scale = 1.0 / math.sqrt(shape.dim)
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     try:
-        spec = resolve(KernelSpec(seq_len=seq, heads=heads, head_dim=dim, causal=bool(causal),
+        spec = resolve(KernelSpec(seq_len=shape.seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
                                   dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ()),
-                                  block_n=block_n, stages=stages, pingpong=pingpong))
-    except SpecError as e:
+                                  block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.seq_k,
+                                  kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
+                                  softcap=float(softcap)))
+    except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)
 
@@ -102,15 +111,16 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     if out is not None:
         _check_inputs(q, q, out, layout)  # the same shape, dtype, device and stride rules as the inputs
-    lse = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
+    lse = torch.empty((shape.batch, shape.heads, shape.seq_q), dtype=torch.float32, device=q.device)
     maps = []
-    for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o)):
+    for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
+                                     ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
         sb, ss, sh = _strides_bshd(tensor, layout)
         params = getattr(plan, name).tensor_map.instantiate(
-            batch=batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
+            batch=shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
         maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
     args = driver.pack_args(maps + [lse.data_ptr(), float(scale * LOG2E)])
-    return PreparedAttention(built, kernel, args, plan.grid(batch), o, lse, q.device)
+    return PreparedAttention(built, kernel, args, plan.grid(shape.batch), o, lse, q.device)
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
@@ -120,7 +130,17 @@ def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
     return tuple(t.stride(a) if t.shape[a] > 1 else t.shape[3] for a in axes)
 
 
-def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    seq_q: int
+    seq_k: int
+    heads: int
+    kv_heads: int
+    dim: int
+
+
+def _check_inputs(q, k, v, layout: str) -> Shape:
     import torch
 
     if layout not in LAYOUTS:
@@ -137,15 +157,19 @@ def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.shape == k.shape == v.shape):  # separate K/V lengths and GQA come with issue 5
-        raise InputError(f"q, k, v must have the same shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if layout == "bshd":
-        batch, seq, heads, dim = q.shape
-    else:
-        batch, heads, seq, dim = q.shape
-    if min(batch, seq, heads, dim) < 1:
-        raise InputError(f"every dimension must be at least 1, got {tuple(q.shape)}")
+    if k.shape != v.shape:
+        raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+
+    def bshd(t):
+        return tuple(t.shape) if layout == "bshd" else (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
+
+    (batch, seq_q, heads, dim), (batch_k, seq_k, kv_heads, dim_k) = bshd(q), bshd(k)
+    if batch_k != batch or dim_k != dim:
+        raise InputError(f"q and k must agree on batch and head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if min(batch, seq_q, seq_k, heads, kv_heads, dim) < 1:
+        raise InputError(f"every dimension must be at least 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if heads % kv_heads:
+        raise InputError(f"q's {heads} heads must be a multiple of k and v's {kv_heads} (grouped-query attention)")
     if batch > MAX_GRID_YZ or heads > MAX_GRID_YZ:
         raise InputError(f"batch and heads must be at most {MAX_GRID_YZ} (grid limits), got {batch}, {heads}")
     elem = q.element_size()
@@ -159,7 +183,7 @@ def _check_inputs(q, k, v, layout: str) -> tuple[int, int, int, int]:
                                  "which the tensor memory accelerator requires")
         if t.data_ptr() % 16:
             raise InputError(f"{name}'s data pointer is not 16-byte aligned")
-    return batch, seq, heads, dim
+    return Shape(batch, seq_q, seq_k, heads, kv_heads, dim)
 
 
 def _check_device(t) -> None:

@@ -9,36 +9,79 @@ from typing import Callable
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-              max_score_bytes: int = 2**31):
-    """Attention in float64 on the inputs' device: (o, lse) with o in the inputs' layout, lse (B, H, S).
+              window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = 2**31):
+    """Attention in float64 on the inputs' device: (o, lse) with o in q's layout, lse (B, H, S_q).
 
+    k and v may have fewer heads than q (grouped-query: query head h reads K/V head h // (H / H_kv)) and
+    another length. Causal and window=(left, right) are bottom-right aligned: query i's diagonal is key
+    i + S_k - S_q. A row that sees no key outputs 0 with logsumexp -inf (flashgen's convention).
     Heads are processed in groups so the float64 score matrix stays under `max_score_bytes`.
-    Causal is bottom-right aligned: query i sees keys up to i + (S_k - S_q).
     """
     import torch
 
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, heads, sq, dim = q.shape
-    sk = k.shape[2]
+    kv_heads, sk = k.shape[1], k.shape[2]
+    group = heads // kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    group = max(1, max_score_bytes // (sq * sk * 8))
+    keep = band_mask(sq, sk, causal=causal, window=window, device=q.device)
+    step = max(1, max_score_bytes // (sq * sk * 8))
     o = torch.empty(batch, heads, sq, v.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.empty(batch, heads, sq, dtype=torch.float64, device=q.device)
-    keep = None
-    if causal:
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
     for b in range(batch):
-        for h0 in range(0, heads, group):
-            hs = slice(h0, h0 + group)
-            scores = (q[b, hs].double() @ k[b, hs].double().transpose(-1, -2)) * scale
+        for h0 in range(0, heads, step):
+            hs = slice(h0, min(h0 + step, heads))
+            kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+            scores = (q[b, hs].double() @ k[b, kv].double().transpose(-1, -2)) * scale
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
             lse[b, hs] = torch.logsumexp(scores, dim=-1)
-            o[b, hs] = torch.softmax(scores, dim=-1) @ v[b, hs].double()
+            o[b, hs] = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v[b, kv].double()
     if layout == "bshd":
         o = o.transpose(1, 2)
     return o, lse
+
+
+def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None, device):
+    """Boolean (S_q, S_k) mask of the keys each query sees, or None when it sees them all."""
+    import torch
+
+    left, right = window if window else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left < 0 and right < 0:
+        return None
+    offset = (torch.arange(sk, device=device)[None, :] - torch.arange(sq, device=device)[:, None]) - (sk - sq)
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        keep &= offset <= right
+    if left >= 0:
+        keep &= offset >= -left
+    return keep
+
+
+def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap: float = 0.0,
+                     scale: float | None = None) -> float:
+    """The error, against the float64 reference, of a flash-style computation in the inputs' dtype: products
+    accumulated in float32, softmax in float32, P rounded to the inputs' dtype before PV, the output rounded
+    too. The yardstick for variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
+    import torch
+
+    qb, kb, vb = (t.transpose(1, 2).float() for t in (q, k, v))  # (B, H, S, D)
+    group = qb.shape[1] // kb.shape[1]
+    kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (qb @ kb.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=q.device)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype).float()
+    return rel_err((p @ vb).to(q.dtype).transpose(1, 2), ref)
 
 
 def rel_err(x, ref) -> float:

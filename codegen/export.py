@@ -39,16 +39,24 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
     operands = []
     for op in ("q", "k", "v", "o"):
         described = getattr(plan, op).tensor_map.describe()
+        kv = op in ("k", "v")
         operands.append({"name": op, "rank": described["rank"], "describe": described,
-                         "swizzle_enum": _TMA_SWIZZLE[described["swizzle"]]})
+                         "swizzle_enum": _TMA_SWIZZLE[described["swizzle"]],
+                         "seq": plan.spec.keys if kv else plan.spec.seq_len,
+                         "heads": plan.spec.kv_heads if kv else plan.spec.heads})
     context = {
         "summary": plan.template_context()["summary"],
         "kernel_name": name,
         "launch_fn": f"{name}_launch",
         "seq_len": plan.spec.seq_len,
+        "seq_len_k": plan.spec.keys,
+        "kv_heads": plan.spec.kv_heads,
         "heads": plan.spec.heads,
         "head_dim": plan.spec.head_dim,
         "causal": plan.spec.causal,
+        "window_left": plan.window_bounds[0],
+        "window_right": plan.window_bounds[1],
+        "softcap_c": f"{float(plan.spec.softcap)!r}f",
         "dtype": plan.spec.dtype,
         "dtype_c": _DTYPE_C[plan.spec.dtype],
         "elem_bytes": plan.spec.elem_bytes,

@@ -42,7 +42,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
-    spec = spec.replace(block_n=block_n, pv_split=tuple(split))
+    spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=spec.keys,
+                        kv_heads=spec.kv_heads or spec.heads)
     if not spec.stages:
         fitting = [n for n in range(1, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
         spec = spec.replace(stages=max(fitting, default=1))
@@ -105,7 +106,15 @@ class Plan:
 
     @property
     def kv_blocks(self) -> int:
-        return -(-self.spec.seq_len // self.spec.block_n)
+        return -(-self.spec.keys // self.spec.block_n)
+
+    @property
+    def window_bounds(self) -> tuple[int, int]:
+        """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal is right = 0."""
+        left, right = self.spec.window
+        if self.spec.causal:
+            right = 0 if right < 0 else min(right, 0)
+        return left, right
 
     @property
     def m_blocks(self) -> int:
@@ -158,6 +167,12 @@ class Plan:
             "probe": probe,
             "ptx_type": s.dtype,
             "seq_len": s.seq_len,
+            "seq_len_k": s.keys,
+            "group": s.group,
+            "window_left": -1 if probe else self.window_bounds[0],
+            "window_right": -1 if probe else self.window_bounds[1],
+            "softcap": 0.0 if probe else float(s.softcap),
+            "softcap_c": f"{0.0 if probe else float(s.softcap)!r}f",
             "heads": s.heads,
             "head_dim": s.head_dim,
             "block_m": s.block_m,
@@ -165,9 +180,9 @@ class Plan:
             "rows_per_consumer": ROWS_PER_CONSUMER,
             "stages": s.stages,
             "pingpong": s.pingpong and not probe,
-            "causal": s.causal and not probe,
+            "band": s.masks_band and not probe,
             "kv_blocks": 1 if probe else self.kv_blocks,  # the probe reads one K/V block
-            "tail_mask": s.seq_len % s.block_n != 0,
+            "tail_mask": s.keys % s.block_n != 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,
             "producer_regs": PRODUCER_REGS,
@@ -184,17 +199,17 @@ class Plan:
             "pv_chunks": self.pv_chunks,
             "pv_chunk_sizes": list(s.pv_split),
             "q_coords": self._origin_c(self.q),
-            "k_coords": self._origin_c(self.k),
-            "v_coords": self._origin_c(self.v),
+            "k_coords": self._origin_c(self.k, head="head_kv"),
+            "v_coords": self._origin_c(self.v, head="head_kv"),
             "o_coords": self._origin_c(self.o),
         }
 
 
-    def _origin_c(self, operand: layouts.OperandDerivation) -> str:
+    def _origin_c(self, operand: layouts.OperandDerivation, head: str = "head") -> str:
         """The tensor-map coordinates of a tile starting at sequence row `row0`, as C arguments."""
-        names = {n: sympy.Symbol(n) for n in ("row0", "head", "batch")}
+        names = {n: sympy.Symbol(n) for n in ("row0", head, "batch")}
         origin = operand.tensor_map.box_origin(batch_index=names["batch"], seq_start=names["row0"],
-                                               head=names["head"], seq_len=self.spec.seq_len)
+                                               head=names[head], seq_len=self.spec.seq_len)
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 
 

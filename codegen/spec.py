@@ -8,6 +8,7 @@ batch and both (B, S, H, D) and (B, H, S, D) inputs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 SUPPORTED_ARCHS = ("sm_90a",)
@@ -35,6 +36,10 @@ class KernelSpec:
     pv_split: tuple[int, ...] = ()  # () : the default split for this shape
     stages: int = 0  # 0: as many K/V stages as shared memory holds, up to codegen.plan.MAX_STAGES
     pingpong: bool = True  # the two consumer warpgroups take turns issuing MMAs
+    seq_len_k: int = 0  # keys (and values); 0: the same as seq_len
+    kv_heads: int = 0  # K/V heads, dividing heads (grouped-query; 1 is multi-query); 0: the same as heads
+    window: tuple[int, int] = (-1, -1)  # local attention: keys in [i - left, i + right] (bottom-right aligned); -1: unbounded
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap); 0: off
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
@@ -54,6 +59,16 @@ class KernelSpec:
                      f"block_n {self.block_n} must be 64 or 128 (a power of two, so the shared-memory layout "
                      "is GF(2)-linear, and small enough that S and O fit the consumer's registers)")
         _require(self.stages in (0, 1, 2, 3, 4), f"stages must be 1..4 (0 for the default), got {self.stages}")
+        _require(isinstance(self.seq_len_k, int) and 0 <= self.seq_len_k < 2**31,
+                 f"seq_len_k must be a non-negative integer below 2**31 (0: same as seq_len), got {self.seq_len_k!r}")
+        _require(isinstance(self.kv_heads, int) and self.kv_heads >= 0,
+                 f"kv_heads must be a non-negative integer (0: same as heads), got {self.kv_heads!r}")
+        _require(not self.kv_heads or self.heads % self.kv_heads == 0,
+                 f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads} (grouped-query attention)")
+        _require(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
+                 f"window must be (left, right) with each >= 0, or -1 for unbounded; got {self.window!r}")
+        _require(isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0,
+                 f"softcap must be a finite number >= 0 (0: off), got {self.softcap!r}")
         if self.pv_split:
             _require(all(isinstance(c, int) and c > 0 and c % MMA_K == 0 for c in self.pv_split),
                      f"every pv_split chunk must be a positive multiple of {MMA_K}, got {self.pv_split}")
@@ -72,15 +87,39 @@ class KernelSpec:
         mask = "causal" if self.causal else "full"
         bn = self.block_n or "auto"
         stages = self.stages or "auto"
+        extras = ""
+        if self.seq_len_k and self.seq_len_k != self.seq_len:
+            extras += f"_sk{self.seq_len_k}"
+        if self.kv_heads and self.kv_heads != self.heads:
+            extras += f"_kvh{self.kv_heads}"
+        if self.window != (-1, -1):
+            extras += "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
+        if self.softcap:
+            extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
-                f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + ("" if self.pingpong else "_nopp"))
+                f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp"))
 
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)
 
+    @property
+    def keys(self) -> int:
+        return self.seq_len_k or self.seq_len
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head."""
+        return self.heads // (self.kv_heads or self.heads)
+
+    @property
+    def masks_band(self) -> bool:
+        """Whether a causal or local mask limits which key blocks a query tile visits."""
+        return self.causal or self.window != (-1, -1)
+
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["pv_split"] = list(self.pv_split)
+        d["window"] = list(self.window)
         return d
 
 

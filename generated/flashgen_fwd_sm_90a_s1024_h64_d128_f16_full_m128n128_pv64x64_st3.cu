@@ -143,8 +143,14 @@ constexpr int kBlockN = 128;
 constexpr int kRowsPerConsumer = 64;
 constexpr int kStages = 3;
 constexpr int kKvBlocks = 8;
-constexpr bool kCausal = false;
+constexpr int kSeqLenK = 1024;
+constexpr int kGroup = 1;  // query heads per K/V head
+// Query i's diagonal is key i + kDiagonal (bottom-right alignment when the lengths differ); it sees keys in
+// [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
+constexpr int kDiagonal = kSeqLenK - kSeqLen;
+constexpr int kWindowLeft = -1, kWindowRight = -1;
 constexpr bool kTailMask = false;
+constexpr float kSoftcap = 0.0f;  // 0: off
 constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
 constexpr u32 kVOffset = 131072, kVBytes = 32768;
@@ -170,11 +176,30 @@ static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 
   wgmma_commit();
 }
 
-static __device__ __forceinline__ int kv_blocks_for(int m_block) {
-  if (!cfg::kCausal) return cfg::kKvBlocks;
-  const int last_row = (m_block + 1) * cfg::kBlockM - 1;
-  const int needed = last_row / cfg::kBlockN + 1;
-  return needed < cfg::kKvBlocks ? needed : cfg::kKvBlocks;
+// The key blocks query tile m_block visits: [first, first + count). Blocks wholly outside every row's band
+// are skipped; a tile whose rows see no key at all gets count 0 (its rows output 0, logsumexp -inf).
+static __device__ __forceinline__ void kv_range(int m_block, int& first, int& count) {
+  const int row_lo = m_block * cfg::kBlockM;
+  const int row_hi = min((m_block + 1) * cfg::kBlockM, cfg::kSeqLen) - 1;
+  const int key_lo = cfg::kWindowLeft < 0 ? 0 : max(0, row_lo + cfg::kDiagonal - cfg::kWindowLeft);
+  const int key_hi = cfg::kWindowRight < 0 ? cfg::kSeqLenK - 1
+                                           : min(cfg::kSeqLenK - 1, row_hi + cfg::kDiagonal + cfg::kWindowRight);
+  first = key_lo / cfg::kBlockN;
+  count = key_hi < key_lo ? 0 : key_hi / cfg::kBlockN + 1 - first;
+}
+
+// Whether key block j needs the elementwise mask for the 64 rows from q_row0: some key past the end, or
+// some (row, key) outside the band.
+static __device__ __forceinline__ bool straddles(int j, int q_row0) {
+  const int k0 = j * cfg::kBlockN, k1 = k0 + cfg::kBlockN - 1;
+  return (cfg::kTailMask && j == cfg::kKvBlocks - 1) ||
+         (cfg::kWindowRight >= 0 && k1 > q_row0 + cfg::kDiagonal + cfg::kWindowRight) ||
+         (cfg::kWindowLeft >= 0 && k0 < q_row0 + cfg::kRowsPerConsumer - 1 + cfg::kDiagonal - cfg::kWindowLeft);
+}
+
+static __device__ __forceinline__ bool masked(int key, int query) {
+  return key >= cfg::kSeqLenK || (cfg::kWindowRight >= 0 && key > query + cfg::kDiagonal + cfg::kWindowRight) ||
+         (cfg::kWindowLeft >= 0 && key < query + cfg::kDiagonal - cfg::kWindowLeft);
 }
 
 
@@ -187,12 +212,14 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
   // Swizzled tiles need 1024-byte alignment (layouts/ asserts it for every offset below).
   const u32 smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 bars = smem + cfg::kBarOffset;
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int m_block = blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z, head_kv = head / cfg::kGroup;
   // Broadcast from lane 0 so the compiler knows it is warp-uniform and keeps what derives from it (tile
   // addresses, wgmma descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int tid = threadIdx.x % 128;
-  const int n_kv = kv_blocks_for(m_block);
+  int kv_first, n_kv;
+  kv_range(m_block, kv_first, n_kv);
 
   if (threadIdx.x == 0) {
     mbar_init(bars + 8 * kBarQFull, 1);
@@ -213,14 +240,14 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
         const int row0 = m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
         tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, batch);
       }
-      for (int j = 0; j < n_kv; ++j) {
-        const int s = j % cfg::kStages;
-        if (j >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), ((j / cfg::kStages) + 1) & 1);
-        const int row0 = j * cfg::kBlockN;
+      for (int t = 0; t < n_kv; ++t) {  // t counts ring slots, kv_first + t is the key block
+        const int s = t % cfg::kStages;
+        if (t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), ((t / cfg::kStages) + 1) & 1);
+        const int row0 = (kv_first + t) * cfg::kBlockN;
         mbar_expect_tx(bars + 8 * (kBarKFull + s), cfg::kKBytes);
-        tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head, batch);
+        tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head_kv, batch);
         mbar_expect_tx(bars + 8 * (kBarVFull + s), cfg::kVBytes);
-        tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head, batch);
+        tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head_kv, batch);
       }
     }
     return;
@@ -246,24 +273,21 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
   u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV
 
   float alpha[2];
+  if (n_kv > 0) {
   if (consumer == 1) named_barrier_arrive(kTurnBarrier, 256);  // consumer 0 takes the first turn
-  // Key block 0: S, softmax, P. No O to rescale yet.
+  // The first key block: S, softmax, P. No O to rescale yet.
   named_barrier_sync(kTurnBarrier + consumer, 256);
   mbar_wait(bars + 8 * kBarKFull, 0);
   issue_qk(sc, q_tile, smem + cfg::kKOffset);
   named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
   wgmma_wait<0>();
   {
-      const int jj = 0;
-      // Mask keys past the sequence end and, for causal, keys after the query; only on tiles that straddle.
-      if ((cfg::kTailMask && jj == cfg::kKvBlocks - 1) ||
-          (cfg::kCausal && (jj + 1) * cfg::kBlockN > q_row0)) {
+      const int jj = kv_first;
+      // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
+      if (straddles(jj, q_row0)) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const int key = jj * cfg::kBlockN + acc_col(lane, i);
-          const int query = q_row0 + acc_row(warp, lane, i);
-          if (key >= cfg::kSeqLen || (cfg::kCausal && key > query)) sc[i] = -FLASHGEN_INF;
-        }
+        for (int i = 0; i < 64; ++i)
+          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i))) sc[i] = -FLASHGEN_INF;
       }
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
@@ -292,12 +316,12 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
   // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the
   // softmax of block j runs while PV(j-1) does.
 #pragma unroll 1
-  for (int j = 1; j < n_kv; ++j) {
-    const int s = j % cfg::kStages, s_prev = (j - 1) % cfg::kStages;
+  for (int t = 1; t < n_kv; ++t) {  // t counts ring slots, kv_first + t is the key block
+    const int s = t % cfg::kStages, s_prev = (t - 1) % cfg::kStages;
     named_barrier_sync(kTurnBarrier + consumer, 256);
-    mbar_wait(bars + 8 * (kBarKFull + s), (j / cfg::kStages) & 1);
+    mbar_wait(bars + 8 * (kBarKFull + s), (t / cfg::kStages) & 1);
     issue_qk(sc, q_tile, smem + cfg::kKOffset + s * cfg::kKBytes);
-    mbar_wait(bars + 8 * (kBarVFull + s_prev), ((j - 1) / cfg::kStages) & 1);
+    mbar_wait(bars + 8 * (kBarVFull + s_prev), ((t - 1) / cfg::kStages) & 1);
     
     wgmma_fence();
 #pragma unroll
@@ -312,16 +336,12 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
     named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
     wgmma_wait<2>();  // QK(j) is done; the PV(j-1) chunks may still run
     {
-      const int jj = j;
-      // Mask keys past the sequence end and, for causal, keys after the query; only on tiles that straddle.
-      if ((cfg::kTailMask && jj == cfg::kKvBlocks - 1) ||
-          (cfg::kCausal && (jj + 1) * cfg::kBlockN > q_row0)) {
+      const int jj = kv_first + t;
+      // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
+      if (straddles(jj, q_row0)) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const int key = jj * cfg::kBlockN + acc_col(lane, i);
-          const int query = q_row0 + acc_row(warp, lane, i);
-          if (key >= cfg::kSeqLen || (cfg::kCausal && key > query)) sc[i] = -FLASHGEN_INF;
-        }
+        for (int i = 0; i < 64; ++i)
+          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i))) sc[i] = -FLASHGEN_INF;
       }
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
@@ -378,6 +398,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3(const __grid_co
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s_last));
   }
+  }  // n_kv > 0
 
 
 

@@ -31,10 +31,31 @@ def test_dtype_mismatch():
         attention(q, k.bfloat16(), v)
 
 
-def test_shape_mismatch():
+def test_k_and_v_shapes_differ():
     q, k, v = qkv()
-    with pytest.raises(InputError, match="same shape"):
+    with pytest.raises(InputError, match="k and v must have the same shape"):
         attention(q, k[:, :64], v)
+
+
+def test_batch_or_head_dim_disagree():
+    q, k, v = qkv()
+    with pytest.raises(InputError, match="batch and head dim"):
+        attention(q, torch.cat([k, k]), torch.cat([v, v]))
+
+
+def test_heads_not_a_multiple_of_kv_heads():
+    q = torch.randn(1, 128, 6, 128, dtype=torch.float16)
+    k = torch.randn(1, 128, 4, 128, dtype=torch.float16)
+    with pytest.raises(InputError, match="multiple of k and v's 4"):
+        attention(q, k, k)
+
+
+def test_window_and_softcap_values():
+    q, k, v = qkv()
+    with pytest.raises(InputError, match="window"):
+        attention(q, k, v, window=(-3, 0))
+    with pytest.raises(InputError, match="softcap"):
+        attention(q, k, v, softcap=float("inf"))
 
 
 def test_head_dim_unsupported():

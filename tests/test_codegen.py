@@ -20,6 +20,13 @@ from layouts import fragments
 SPLITS = {64: [(96, 32), (64, 64)], 128: [(96, 32), (64, 64)], 256: [(32, 32), (64,)]}
 VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, pv_split=split)
             for d, splits in SPLITS.items() for split in splits for dt in ("f16", "bf16") for c in (False, True)]
+# The coverage parameters, each at every head dim, in both dtypes between them.
+COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_heads=4, causal=True, dtype="bf16")
+            for d in SPLITS] + \
+           [KernelSpec(seq_len=1000, heads=8, head_dim=d, seq_len_k=300, kv_heads=1, causal=True) for d in SPLITS] + \
+           [KernelSpec(seq_len=2000, heads=8, head_dim=d, window=(256, 64), softcap=30.0) for d in SPLITS] + \
+           [KernelSpec(seq_len=777, heads=8, head_dim=d, window=(128, -1), causal=True, softcap=50.0, dtype="bf16")
+            for d in SPLITS]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -33,6 +40,10 @@ VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, p
     (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
     (dict(seq_len=128, heads=1, head_dim=128, pv_split=(100, 28)), "multiple of 16"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=128, pv_split=(64, 32)), "add up"),
+    (dict(seq_len=128, heads=6, head_dim=128, kv_heads=4), "multiple of kv_heads"),
+    (dict(seq_len=128, heads=1, head_dim=128, window=(-2, 0)), "window"),
+    (dict(seq_len=128, heads=1, head_dim=128, softcap=-1.0), "softcap"),
+    (dict(seq_len=128, heads=1, head_dim=128, seq_len_k=-5), "seq_len_k"),
 ])
 def test_spec_rejects_with_a_reason(kwargs, message):
     with pytest.raises(SpecError, match=message):
@@ -55,8 +66,8 @@ def test_parse_split():
 
 
 def test_spec_name_is_unique_per_variant():
-    names = {resolve(s).name for s in VARIANTS}
-    assert len(names) == len(VARIANTS)
+    names = {resolve(s).name for s in VARIANTS + COVERAGE}
+    assert len(names) == len(VARIANTS + COVERAGE)
     assert all(re.fullmatch(r"[A-Za-z0-9_]+", n) for n in names)
 
 
@@ -105,7 +116,7 @@ def test_rendered_source_takes_its_layout_numbers_from_layouts():
     assert plan.o.formula_c in source
 
 
-@pytest.mark.parametrize("spec", VARIANTS, ids=lambda s: resolve(s).name)
+@pytest.mark.parametrize("spec", VARIANTS + COVERAGE, ids=lambda s: resolve(s).name)
 def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec):
     built = build(resolve(spec))
     name = built.rendered.kernel_name

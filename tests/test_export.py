@@ -18,6 +18,9 @@ from codegen.plan import resolve
 from codegen.spec import KernelSpec
 
 CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
+# A bundle with every coverage option, so the launcher's K/V shapes and the example's masks are compiled too.
+COVERAGE = resolve(KernelSpec(seq_len=300, heads=16, head_dim=128, seq_len_k=1000, kv_heads=4, causal=True,
+                              window=(256, -1), softcap=30.0, dtype="bf16"))
 
 
 def find_nvcc() -> str | None:
@@ -65,7 +68,7 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
         in launcher
 
 
-@pytest.mark.parametrize("spec", CANONICAL, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE], ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)

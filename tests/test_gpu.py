@@ -119,3 +119,63 @@ def test_misaligned_cuda_pointer_is_refused():
     q = flat[1:1 + 128 * 2 * 128].view(1, 128, 2, 128)
     with pytest.raises(InputError, match="16-byte aligned"):
         attention(q, q, q)
+
+
+# --- coverage: grouped-query heads, separate key length, local windows, softcap, fully masked rows ---------
+
+
+def run_coverage(batch, seq_q, seq_k, heads, kv_heads, head_dim, dtype="bf16", causal=False, window=None,
+                 softcap=0.0, scale_inputs=1.0):
+    dt = DTYPES[dtype]
+    q = torch.randn(batch, seq_q, heads, head_dim, device="cuda", dtype=dt) * scale_inputs
+    k = torch.randn(batch, seq_k, kv_heads, head_dim, device="cuda", dtype=dt) * scale_inputs
+    v = torch.randn(batch, seq_k, kv_heads, head_dim, device="cuda", dtype=dt)
+    call = prepare(q, k, v, causal=causal, window=window, softcap=softcap)
+    call.o.fill_(float("nan"))
+    call.lse.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    assert not torch.isnan(call.o).any() and not torch.isnan(call.lse).any(), "unwritten outputs"
+    options = dict(causal=causal, window=window, softcap=softcap)
+    ref_o, ref_lse = check.reference(q, k, v, **options)
+    err, yardstick = check.rel_err(call.o, ref_o), check.same_dtype_error(q, k, v, ref_o, **options)
+    assert err <= max(2 * yardstick, TINY), f"rel err {err:.3e} > 2 x same-dtype PyTorch's {yardstick:.3e}"
+    empty = torch.isinf(ref_lse)  # rows that see no key: 0 output, logsumexp -inf
+    assert torch.equal(torch.isinf(call.lse), empty), "fully masked rows differ"
+    assert (call.o.transpose(1, 2)[empty] == 0).all(), "a fully masked row is not 0"
+    if (~empty).any():
+        assert check.rel_err(call.lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
+    return empty
+
+
+@pytest.mark.parametrize("kv_heads", (1, 4, 16))
+@pytest.mark.parametrize("causal", (False, True))
+def test_grouped_query_heads(kv_heads, causal):
+    run_coverage(2, 1000, 1000, 16, kv_heads, 128, causal=causal)
+
+
+@pytest.mark.parametrize("seq_q, seq_k", [(300, 1000), (1000, 300), (1, 777), (129, 128), (128, 4096)])
+@pytest.mark.parametrize("causal", (False, True))
+def test_separate_key_length(seq_q, seq_k, causal):
+    empty = run_coverage(2, seq_q, seq_k, 4, 2, 128, dtype="f16", causal=causal)
+    if causal and seq_q > seq_k:
+        assert empty.any(), "bottom-right causal leaves the first S_q - S_k rows without keys"
+
+
+@pytest.mark.parametrize("window", [(128, 0), (64, 64), (0, 0), (300, -1), (-1, 100)])
+def test_local_window(window):
+    run_coverage(2, 1000, 1000, 4, 4, 128, window=window)
+
+
+def test_causal_local_window_with_longer_keys():
+    run_coverage(1, 500, 1500, 8, 2, 128, causal=True, window=(200, -1))
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_softcap(causal):
+    run_coverage(2, 1000, 1000, 4, 4, 128, causal=causal, softcap=30.0, scale_inputs=4.0)
+
+
+@pytest.mark.parametrize("head_dim", (64, 256))
+def test_every_option_together(head_dim):
+    run_coverage(2, 700, 900, 8, 2, head_dim, causal=True, window=(256, -1), softcap=20.0, scale_inputs=2.0)
