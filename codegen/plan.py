@@ -167,7 +167,7 @@ class Plan:
             "probe": probe,
             "ptx_type": s.dtype,
             "seq_len": s.seq_len,
-            "seq_len_k": s.keys,
+            "seq_len_k": s.block_n if probe else s.keys,  # the probe reads exactly one K/V block
             "group": s.group,
             "window_left": -1 if probe else self.window_bounds[0],
             "window_right": -1 if probe else self.window_bounds[1],
@@ -181,7 +181,7 @@ class Plan:
             "stages": s.stages,
             "pingpong": s.pingpong and not probe,
             "band": s.masks_band and not probe,
-            "kv_blocks": 1 if probe else self.kv_blocks,  # the probe reads one K/V block
+            "kv_blocks": 1 if probe else self.kv_blocks,
             "tail_mask": s.keys % s.block_n != 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,

@@ -59,7 +59,8 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
     plan = make_plan(spec)
     s = plan.spec
     rows_q, bn, d = s.block_m, s.block_n, s.head_dim
-    probe_spec = s.replace(seq_len=max(rows_q, bn), causal=False)
+    seq = max(rows_q, bn)
+    probe_spec = s.replace(seq_len=seq, seq_len_k=seq, kv_heads=s.heads, causal=False, window=(-1, -1), softcap=0.0)
     plan = make_plan(probe_spec)
     built = build(probe_spec, probe=True)
     kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, plan.smem.total, device_index)
@@ -69,7 +70,6 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
 
     injections = star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
     batch = len(injections)
-    seq = probe_spec.seq_len
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[s.dtype]
     dev = torch.device("cuda", device_index)
     gen = torch.Generator(device="cpu").manual_seed(seed)

@@ -65,7 +65,7 @@ def main() -> int:
             rc, text, _ = run([sys.executable, "gen.py", "probe", "--shape", shape, "--dtype", dtype],
                               out / f"probe-{shape.replace(',', 'x')}-{dtype}.log", timeout=120)
             ok &= rc == 0
-            last = text.strip().splitlines()[-1] if text.strip() else "(no output)"
+            last = next((line for line in reversed(text.splitlines()) if line.startswith("probe")), "(no summary)")
             lines.append(f"D={shape.split(',')[2]} {dtype}: {last}")
         (out / "probe.log").write_text("\n".join(lines) + "\n")
         for f in out.glob("probe-*.log"):
