@@ -48,7 +48,9 @@ class BuiltKernel:
             "dynamic_smem_bytes": plan.smem.total,
             "arguments": [{"name": n, "type": t} for n, t in ARGUMENTS],
             "tensor_maps": tensor_maps,
-            "global_layout": "q, k, v, o: (B, S, H, D) or any strides with D contiguous; lse: (B, H, S) float32",
+            "global_layout": (f"q, o: (B, {spec.seq_len}, {spec.heads}, {spec.head_dim}); k, v: (B, {spec.keys}, "
+                              f"{spec.kv_heads or spec.heads}, {spec.head_dim}); any strides with the head dim "
+                              f"contiguous; lse: (B, {spec.heads}, {spec.seq_len}) float32"),
             "registers": self.compiled.registers.get(kernel),
             "spill_stores": self.compiled.spill_stores.get(kernel, 0),
             "spill_loads": self.compiled.spill_loads.get(kernel, 0),
