@@ -19,11 +19,12 @@ from layouts.derive import to_c
 
 from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
-# Tile choices per head dim. The reason for each is measured, in bench/LOG.md; these are the first versions.
-#   D=64, 128: block_n 128 keeps S (64 f32/thread) + O (<=64) + P within the consumers' 240 registers.
-#   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32.
+# Tile choices per head dim (bench/LOG.md has the measurements):
+#   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
+#   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32 (and is why D=256 trails cuDNN).
 DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
-# The PV split: the first chunk's MMAs start while the exponentials of the rest are computed.
+# The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
+# PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
 DEFAULT_PV_SPLIT = {128: (96, 32), 64: (32, 32)}
 
 THREADS_PER_WARPGROUP = 128
@@ -203,7 +204,6 @@ class Plan:
             "v_coords": self._origin_c(self.v, head="head_kv"),
             "o_coords": self._origin_c(self.o),
         }
-
 
     def _origin_c(self, operand: layouts.OperandDerivation, head: str = "head") -> str:
         """The tensor-map coordinates of a tile starting at sequence row `row0`, as C arguments."""

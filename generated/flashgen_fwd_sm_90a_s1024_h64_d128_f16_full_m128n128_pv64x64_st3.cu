@@ -6,6 +6,8 @@
 //   warpgroups 1, 2  consumers: each owns 64 query rows; S = Q K^T by wgmma (both operands in
 //                 shared memory), online softmax in exp2, O += P V by wgmma with P in registers, issued in
 //                 chunks of 64+64 keys; O is normalized, staged in shared memory and stored by TMA.
+//   pipeline     QK^T of key block j and PV of block j-1 go to the tensor cores together, and the softmax of
+//                 block j runs under PV(j-1); the two consumers take turns issuing (ping-pong).
 // Every shared-memory layout number below (tile sizes, wgmma descriptors, the O staging formula, TMA
 // coordinates) comes from layouts/, derived and verified before rendering.
 
