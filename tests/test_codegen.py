@@ -167,3 +167,17 @@ def test_gen_cli_rejects_bad_shapes(capsys):
     assert gen.main(["--shape", "1024,64,100"]) == 2
     assert "head_dim 100" in capsys.readouterr().err
     assert gen.main(["--shape", "1024,64"]) == 2
+
+
+def test_gen_cli_run_without_a_gpu_says_so(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the message on machines without a GPU")
+    assert gen.main(["--shape", "128,2,64", "--kv-heads", "1", "--window", "32,0", "--out", str(tmp_path),
+                     "--run"]) == 2
+    assert "--run needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_gen_cli_refuses_varlen_with_a_reason(capsys):
+    assert gen.main(["--shape", "128,2,64", "--varlen"]) == 2
+    assert "not supported yet" in capsys.readouterr().err
