@@ -6,6 +6,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+from layouts import LayoutError
+
 from . import build as _build
 from .plan import resolve
 from .spec import KernelSpec, SpecError
@@ -116,8 +118,11 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
         sb, ss, sh = _strides_bshd(tensor, layout)
-        params = getattr(plan, name).tensor_map.instantiate(
-            batch=shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
+        try:
+            params = getattr(plan, name).tensor_map.instantiate(
+                batch=shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
+        except LayoutError as e:  # a stride or extent the tensor memory accelerator cannot express
+            raise InputError(f"{name}: {e}") from None
         maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
     args = driver.pack_args(maps + [lse.data_ptr(), float(scale * LOG2E)])
     return PreparedAttention(built, kernel, args, plan.grid(shape.batch), o, lse, q.device)
@@ -157,6 +162,8 @@ def _check_inputs(q, k, v, layout: str) -> Shape:
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise InputError("flashgen has no backward pass yet: call under torch.no_grad() or detach the inputs")
     if k.shape != v.shape:
         raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
 
@@ -178,6 +185,8 @@ def _check_inputs(q, k, v, layout: str) -> Shape:
             raise InputError(f"{name}'s head dimension must be contiguous (stride 1), got stride {t.stride(3)}; "
                              "call .contiguous()")
         for axis in range(3):
+            if t.shape[axis] > 1 and t.stride(axis) == 0:
+                raise InputError(f"{name}.stride({axis}) is 0 (an expanded tensor); call .contiguous()")
             if t.shape[axis] > 1 and (t.stride(axis) * elem) % 16:
                 raise InputError(f"{name}.stride({axis}) = {t.stride(axis)} elements is not a multiple of 16 bytes, "
                                  "which the tensor memory accelerator requires")

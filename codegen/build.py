@@ -36,8 +36,10 @@ class BuiltKernel:
         plan, spec = self.plan, self.plan.spec
         tensor_maps = {}
         for name in ("q", "k", "v", "o"):
-            recipe = getattr(plan, name).tensor_map
-            tensor_maps[name] = recipe.describe()
+            described = getattr(plan, name).tensor_map.describe()
+            if name in ("k", "v"):  # the recipe's S and H are the key length and K/V heads here
+                described["dims"] = [{"S": "S_k", "H": "H_kv"}.get(d, d) for d in described["dims"]]
+            tensor_maps[name] = described
         kernel = self.rendered.kernel_name
         return {
             "kernel": kernel,

@@ -50,8 +50,8 @@ def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None,
     import torch
 
     left, right = window if window else (-1, -1)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
+    if causal:  # causal sets right = 0 whatever the window's right bound, as in the kernel
+        right = 0
     if left < 0 and right < 0:
         return None
     offset = (torch.arange(sk, device=device)[None, :] - torch.arange(sq, device=device)[:, None]) - (sk - sq)
@@ -64,13 +64,13 @@ def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None,
 
 
 def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap: float = 0.0,
-                     scale: float | None = None) -> float:
+                     scale: float | None = None, layout: str = "bshd") -> float:
     """The error, against the float64 reference, of a flash-style computation in the inputs' dtype: products
     accumulated in float32, softmax in float32, P rounded to the inputs' dtype before PV, the output rounded
     too. The yardstick for variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
     import torch
 
-    qb, kb, vb = (t.transpose(1, 2).float() for t in (q, k, v))  # (B, H, S, D)
+    qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
     group = qb.shape[1] // kb.shape[1]
     kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -81,7 +81,8 @@ def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype).float()
-    return rel_err((p @ vb).to(q.dtype).transpose(1, 2), ref)
+    out = (p @ vb).to(q.dtype)
+    return rel_err(out.transpose(1, 2) if layout == "bshd" else out, ref)
 
 
 def rel_err(x, ref) -> float:

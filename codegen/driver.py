@@ -53,6 +53,7 @@ class LoadedKernel:
     module: object
     function: object
     dynamic_smem: int
+    context: object  # the primary context of the device the module was loaded on
 
 
 def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -> LoadedKernel:
@@ -61,7 +62,7 @@ def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -
     function = check(cu.cuModuleGetFunction(module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
     check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem), "cuFuncSetAttribute(max dynamic shared memory)")
-    return LoadedKernel(module, function, dynamic_smem)
+    return LoadedKernel(module, function, dynamic_smem, context(device_index))
 
 
 def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:
@@ -119,5 +120,7 @@ def pack_args(args: list) -> PackedArgs:
 
 
 def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream: int, args: PackedArgs) -> None:
+    # The module lives in its device's context; another thread or device selection may have changed it.
+    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
     check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream, args.address, 0),
           "cuLaunchKernel")

@@ -43,11 +43,13 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
+    # A window bound that reaches past every key is no bound: one kernel (and no int overflow) for all of them.
+    window = tuple(-1 if w >= spec.seq_len + spec.keys else w for w in spec.window)
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=spec.keys,
-                        kv_heads=spec.kv_heads or spec.heads)
+                        kv_heads=spec.kv_heads or spec.heads, window=window)
     if not spec.stages:
-        fitting = [n for n in range(1, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
-        spec = spec.replace(stages=max(fitting, default=1))
+        fitting = [n for n in range(2, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
+        spec = spec.replace(stages=max(fitting, default=2))  # if none fits, the shared-memory error says so
     return spec
 
 
@@ -111,11 +113,10 @@ class Plan:
 
     @property
     def window_bounds(self) -> tuple[int, int]:
-        """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal is right = 0."""
+        """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal sets right = 0,
+        whatever the window's right bound (as FlashAttention does)."""
         left, right = self.spec.window
-        if self.spec.causal:
-            right = 0 if right < 0 else min(right, 0)
-        return left, right
+        return left, 0 if self.spec.causal else right
 
     @property
     def m_blocks(self) -> int:
@@ -181,7 +182,8 @@ class Plan:
             "rows_per_consumer": ROWS_PER_CONSUMER,
             "stages": s.stages,
             "pingpong": s.pingpong and not probe,
-            "band": s.masks_band and not probe,
+            # Later query tiles see more keys only when a right bound (causal) moves with the query.
+            "long_tiles_last": self.window_bounds[1] >= 0 and not probe,
             "kv_blocks": 1 if probe else self.kv_blocks,
             "tail_mask": s.keys % s.block_n != 0,
             "threads": self.threads,
@@ -208,8 +210,9 @@ class Plan:
     def _origin_c(self, operand: layouts.OperandDerivation, head: str = "head") -> str:
         """The tensor-map coordinates of a tile starting at sequence row `row0`, as C arguments."""
         names = {n: sympy.Symbol(n) for n in ("row0", head, "batch")}
+        seq_len = self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len
         origin = operand.tensor_map.box_origin(batch_index=names["batch"], seq_start=names["row0"],
-                                               head=names[head], seq_len=self.spec.seq_len)
+                                               head=names[head], seq_len=seq_len)
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 
 

@@ -58,15 +58,17 @@ class KernelSpec:
             _require(self.block_n in (64, 128),
                      f"block_n {self.block_n} must be 64 or 128 (a power of two, so the shared-memory layout "
                      "is GF(2)-linear, and small enough that S and O fit the consumer's registers)")
-        _require(self.stages in (0, 1, 2, 3, 4), f"stages must be 1..4 (0 for the default), got {self.stages}")
+        # One stage would deadlock: the consumers release a slot only after PV of its block, which they issue after
+        # waiting for the next block in that same slot.
+        _require(self.stages in (0, 2, 3, 4), f"stages must be 2..4 (0 for the default), got {self.stages}")
         _require(isinstance(self.seq_len_k, int) and 0 <= self.seq_len_k < 2**31,
                  f"seq_len_k must be a non-negative integer below 2**31 (0: same as seq_len), got {self.seq_len_k!r}")
         _require(isinstance(self.kv_heads, int) and self.kv_heads >= 0,
                  f"kv_heads must be a non-negative integer (0: same as heads), got {self.kv_heads!r}")
         _require(not self.kv_heads or self.heads % self.kv_heads == 0,
                  f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads} (grouped-query attention)")
-        _require(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
-                 f"window must be (left, right) with each >= 0, or -1 for unbounded; got {self.window!r}")
+        _require(len(self.window) == 2 and all(isinstance(w, int) and -1 <= w < 2**31 for w in self.window),
+                 f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
         _require(isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0,
                  f"softcap must be a finite number >= 0 (0: off), got {self.softcap!r}")
         if self.pv_split:
@@ -110,11 +112,6 @@ class KernelSpec:
     def group(self) -> int:
         """Query heads per K/V head."""
         return self.heads // (self.kv_heads or self.heads)
-
-    @property
-    def masks_band(self) -> bool:
-        """Whether a causal or local mask limits which key blocks a query tile visits."""
-        return self.causal or self.window != (-1, -1)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)

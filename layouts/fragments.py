@@ -44,9 +44,16 @@ def wgmma_accumulator(n: int) -> LinearLayout:
 
 
 def wgmma_a_registers() -> LinearLayout:
-    """(lane, warp, reg) -> (row, k) of the 64 x 16 A operand held in registers (16-bit types, 8 values)."""
-    bases = {dim: [{"row": b["row"], "k": b["col"]} for b in images]
-             for dim, images in _accumulator_bases(16).items()}
+    """(lane, warp, reg) -> (row, k) of the 64 x 16 A operand held in registers (16-bit types, 8 values).
+
+    Written from the PTX ISA's A-fragment table on its own, not derived from the accumulator's bases, so that
+    `s_slice_is_a_operand` compares two independent statements of the hardware.
+    """
+    bases = {
+        "lane": [{"row": 0, "k": 2}, {"row": 0, "k": 4}, {"row": 1, "k": 0}, {"row": 2, "k": 0}, {"row": 4, "k": 0}],
+        "warp": [{"row": 16, "k": 0}, {"row": 32, "k": 0}],
+        "reg": [{"row": 0, "k": 1}, {"row": 8, "k": 0}, {"row": 0, "k": 8}],
+    }
     return LinearLayout(bases, {"lane": 32, "warp": 4, "reg": 8}, {"row": 64, "k": 16})
 
 

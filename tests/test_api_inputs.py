@@ -77,6 +77,18 @@ def test_stride_not_a_multiple_of_16_bytes():
         attention(q, q, q)
 
 
+def test_expanded_tensor():
+    q, k, v = qkv()
+    with pytest.raises(InputError, match="stride\\(1\\) is 0"):
+        attention(q, k[:, :1].expand(-1, 128, -1, -1), v)
+
+
+def test_inputs_that_need_gradients():
+    q, k, v = qkv()
+    with pytest.raises(InputError, match="no backward pass"):
+        attention(q.requires_grad_(), k, v)
+
+
 def test_misaligned_pointer():
     flat = torch.randn(1 * 128 * 2 * 128 + 1, dtype=torch.float16)
     q = flat[1:].view(1, 128, 2, 128)

@@ -38,6 +38,8 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=96), "block_n"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
+    (dict(seq_len=128, heads=1, head_dim=128, stages=1), "stages must be 2..4"),  # one stage would deadlock
+    (dict(seq_len=128, heads=1, head_dim=128, window=(2**31, 0)), "window"),
     (dict(seq_len=128, heads=1, head_dim=128, pv_split=(100, 28)), "multiple of 16"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=128, pv_split=(64, 32)), "add up"),
     (dict(seq_len=128, heads=6, head_dim=128, kv_heads=4), "multiple of kv_heads"),
@@ -56,6 +58,12 @@ def test_resolve_fills_defaults_and_checks_the_split():
     assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 64
     with pytest.raises(SpecError, match="add up to block_n 64"):
         resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, pv_split=(96, 32)))
+
+
+def test_window_bounds_past_every_key_mean_unbounded():
+    spec = resolve(KernelSpec(seq_len=1000, heads=2, head_dim=64, seq_len_k=500, window=(2**31 - 1, 1500)))
+    assert spec.window == (-1, -1)
+    assert resolve(KernelSpec(seq_len=1000, heads=2, head_dim=64, window=(1999, 5))).window == (1999, 5)
 
 
 def test_parse_split():
