@@ -35,6 +35,10 @@ SMEM_ALIGN_SLACK = 1024  # the kernel rounds its dynamic base up to 1024 bytes
 # A deeper K/V ring hides more load latency (2 -> 3 stages: 0.85x -> 1.04x cuDNN at the seed shape, bench/LOG.md
 # v3). Four fit at D=64, three at D=128, two at D=256.
 MAX_STAGES = 4
+# Skip O's rescale when no row max grew (a warp vote per key block). Worth it where O is large; at D=64 the
+# vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
+# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
+CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 
 
 def resolve(spec: KernelSpec) -> KernelSpec:
@@ -182,6 +186,7 @@ class Plan:
             "rows_per_consumer": ROWS_PER_CONSUMER,
             "stages": s.stages,
             "pingpong": s.pingpong and not probe,
+            "conditional_rescale": s.head_dim >= CONDITIONAL_RESCALE_MIN_HEAD_DIM,
             # Later query tiles see more keys only when a right bound (causal) moves with the query.
             "long_tiles_last": self.window_bounds[1] >= 0 and not probe,
             "kv_blocks": 1 if probe else self.kv_blocks,
