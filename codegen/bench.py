@@ -1,11 +1,12 @@
 """`gen.py bench`: flashgen against its peers in one run, and the compile-time report.
 
-  gen.py bench --shape B,S,H,D [--dtype f16|bf16] [--causal] [--iters N] [--out bench/results]
+  gen.py bench --shape B,S,H,D[:KV] [--dtype f16|bf16] [--causal] [--iters N] [--out bench/results]
       the closing table for one shape: flashgen (each PV split), SDPA (auto, cuDNN, flash, mem_efficient,
-      math), flex_attention (compiled) and an unfused matmul-softmax-matmul.
+      math), flex_attention (compiled) and an unfused matmul-softmax-matmul. `:KV` gives k and v KV heads
+      (grouped-query attention; H a multiple of KV), e.g. 4,4096,32,128:8.
   gen.py bench --matrix [NAME]
       many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean.
-  gen.py bench --compile [--shape B,S,H,D ...]
+  gen.py bench --compile [--shape B,S,H,D[:KV] ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
 The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). Nothing here imports torch
@@ -64,7 +65,7 @@ class BenchUsageError(ValueError):
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmarked problem: q, k, v of shape (batch, seq, heads, dim)."""
+    """One benchmarked problem: q of shape (batch, seq, heads, dim), k and v (batch, seq, kv_heads, dim)."""
 
     batch: int
     seq: int
@@ -72,9 +73,27 @@ class Case:
     dim: int
     dtype: str = "f16"
     causal: bool = False
+    kv_heads: int | None = None  # None: as many as heads. Normalized here so equal problems compare equal.
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        problem = kv_heads_problem(self.heads, self.kv_heads)
+        if problem:
+            raise BenchUsageError(problem)
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head."""
+        return self.heads // self.kv_heads
 
     @property
     def flops(self) -> float:
+        # K/V heads do not change the arithmetic: every query head still meets S keys.
         flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
         return flops / 2 if self.causal else flops
 
@@ -85,30 +104,65 @@ class Case:
 
     @property
     def tensor_bytes(self) -> int:
+        """Bytes of q (and of o)."""
         return self.batch * self.seq * self.heads * self.dim * 2  # f16 and bf16 alike
+
+    @property
+    def set_bytes(self) -> int:
+        """Bytes of one input set with its output: q, o, and the smaller k and v under GQA."""
+        return 2 * self.tensor_bytes + 2 * self.tensor_bytes // self.group
 
     @property
     def label(self) -> str:
         mask = "causal" if self.causal else "non-causal"
-        return f"({self.batch},{self.seq},{self.heads},{self.dim}) {self.dtype} {mask}"
+        kv = f" kv{self.kv_heads}" if self.gqa else ""
+        return f"({self.batch},{self.seq},{self.heads},{self.dim}){kv} {self.dtype} {mask}"
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int]:
-    """'4,4096,32,128' (or 4x4096x32x128) -> (4, 4096, 32, 128)."""
-    parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
+def kv_heads_problem(heads: int, kv_heads: int) -> str | None:
+    """Why heads and kv_heads cannot be a grouped-query problem, or None when they can."""
+    if kv_heads < 1:
+        return f"K/V heads must be at least 1, got {kv_heads}"
+    if heads % kv_heads:
+        return f"heads {heads} must be a multiple of K/V heads {kv_heads} (grouped-query attention)"
+    return None
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, int]:
+    """'4,4096,32,128' (or 4x4096x32x128) -> (4, 4096, 32, 128, 32); '4,4096,32,128:8' -> (4, 4096, 32, 128, 8).
+
+    The fifth number is the K/V heads, the same as H when ':KV' is left out."""
+    dims, colon, kv_text = text.strip().partition(":")
+    parts = [p.strip() for p in re.split(r"[,x]", dims)]
     try:
         values = tuple(int(p) for p in parts)
     except ValueError:
-        raise BenchUsageError(f"--shape expects B,S,H,D as four integers, got {text!r}") from None
+        raise BenchUsageError(f"--shape expects four integers B,S,H,D, then optionally :KV, got {text!r}") from None
     if len(values) != 4:
-        raise BenchUsageError(f"--shape expects four numbers B,S,H,D, got {len(values)} in {text!r}")
+        raise BenchUsageError(f"--shape expects four numbers B,S,H,D before any ':KV', got {len(values)} in {text!r}")
     if min(values) < 1:
         raise BenchUsageError(f"every dimension of --shape must be at least 1, got {text!r}")
-    return values
+    if not colon:
+        return (*values, values[2])
+    try:
+        kv_heads = int(kv_text)
+    except ValueError:
+        raise BenchUsageError(f"--shape expects the K/V heads after ':' as one integer (B,S,H,D:KV), "
+                              f"got {text!r}") from None
+    problem = kv_heads_problem(values[2], kv_heads)
+    if problem:
+        raise BenchUsageError(f"--shape {text!r}: {problem}")
+    return (*values, kv_heads)
 
 
-def _bf16(b, s, h, d, causal=False) -> Case:
-    return Case(b, s, h, d, "bf16", causal)
+def case_from(shape: Sequence[int], dtype: str, causal: bool) -> Case:
+    """A Case from parse_shape's (B, S, H, D, KV)."""
+    b, s, h, d, kv = shape
+    return Case(b, s, h, d, dtype, causal, kv)
+
+
+def _bf16(b, s, h, d, causal=False, kv_heads=None) -> Case:
+    return Case(b, s, h, d, "bf16", causal, kv_heads)
 
 
 MATRICES: dict[str, tuple[Case, ...]] = {
@@ -121,6 +175,13 @@ MATRICES: dict[str, tuple[Case, ...]] = {
     ),
     # A smoke run: one short and one long shape.
     "quick": (Case(1, 1024, 64, 128, "f16"), _bf16(4, 4096, 32, 128)),
+    # Issue 5: causal and grouped-query shapes (8 and 2 K/V heads) against cuDNN.
+    "coverage": (
+        _bf16(4, 4096, 32, 128, causal=True),
+        _bf16(4, 4096, 32, 128, kv_heads=8), _bf16(4, 4096, 32, 128, causal=True, kv_heads=8),
+        _bf16(1, 16384, 16, 128, causal=True, kv_heads=2),
+        _bf16(16, 1024, 32, 64, kv_heads=8),
+    ),
 }
 
 
@@ -145,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--matrix", nargs="?", const="default", choices=sorted(MATRICES), metavar="NAME",
                       help=f"run a built-in shape matrix ({', '.join(sorted(MATRICES))}; default: default)")
     mode.add_argument("--compile", action="store_true", help="report cold and warm build times (no GPU)")
-    parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D",
-                        help="batch, sequence, heads, head dim (repeatable)")
+    parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]",
+                        help="batch, sequence, heads, head dim, and after ':' the K/V heads for grouped-query "
+                             "attention (default: H); repeatable")
     parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
@@ -175,12 +237,12 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
         mode, cases = "matrix", MATRICES[args.matrix]
     elif args.compile:
         mode = "compile"
-        cases = tuple(Case(*s, args.dtype, args.causal) for s in shapes) or (Case(1, 1024, 64, 128, args.dtype,
-                                                                                 args.causal),)
+        cases = tuple(case_from(s, args.dtype, args.causal) for s in shapes) or (Case(1, 1024, 64, 128, args.dtype,
+                                                                                     args.causal),)
     elif shapes:
-        mode, cases = "table", tuple(Case(*s, args.dtype, args.causal) for s in shapes)
+        mode, cases = "table", tuple(case_from(s, args.dtype, args.causal) for s in shapes)
     else:
-        raise BenchUsageError("give --shape B,S,H,D, --matrix [NAME] or --compile")
+        raise BenchUsageError("give --shape B,S,H,D[:KV], --matrix [NAME] or --compile")
     return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode),
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
@@ -221,7 +283,7 @@ def block_n_for(case: Case) -> int:
     from codegen.spec import KernelSpec
 
     return resolve(KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
-                              causal=case.causal)).block_n
+                              causal=case.causal, kv_heads=case.kv_heads)).block_n
 
 
 def split_name(split: Sequence[int]) -> str:
@@ -258,8 +320,8 @@ class Row:
     def to_json(self) -> dict:
         c = self.case
         return {
-            "impl": self.impl, "B": c.batch, "S": c.seq, "H": c.heads, "D": c.dim, "causal": c.causal,
-            "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
+            "impl": self.impl, "B": c.batch, "S": c.seq, "H": c.heads, "H_kv": c.kv_heads, "D": c.dim,
+            "causal": c.causal, "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
             "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
             "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
             "pv_split": list(self.pv_split) if self.pv_split else None, "iters": self.iters,
@@ -551,20 +613,20 @@ def _cuda_driver_api() -> str | None:
 
 def input_set_count(case: Case) -> int:
     """Copies of (q, k, v, o) to rotate through so that a small problem is not timed out of L2."""
-    set_bytes = 4 * case.tensor_bytes
-    return max(1, min(MAX_INPUT_SETS, -(-ROTATE_BELOW_BYTES // set_bytes)))
+    return max(1, min(MAX_INPUT_SETS, -(-ROTATE_BELOW_BYTES // case.set_bytes)))
 
 
 @dataclass(frozen=True)
 class Inputs:
-    sets: tuple  # ((q, k, v), ...) each (B, S, H, D)
+    sets: tuple  # ((q, k, v), ...): q (B, S, H, D), k and v (B, S, KV, D)
     ref: object  # float64 o of sets[0]
 
 
 def make_inputs(torch, case: Case) -> Inputs:
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[case.dtype]
-    shape = (case.batch, case.seq, case.heads, case.dim)
-    sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for _ in range(3))
+    q_shape = (case.batch, case.seq, case.heads, case.dim)
+    kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
+    sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for shape in (q_shape, kv_shape, kv_shape))
                  for _ in range(input_set_count(case)))
     return Inputs(sets, reference(*sets[0], causal=case.causal)[0])
 
@@ -573,12 +635,24 @@ def _bhsd(qkv):
     return tuple(t.transpose(1, 2) for t in qkv)
 
 
+def gqa_kwargs(case: Case) -> dict:
+    """enable_gqa=True for a grouped-query case (SDPA and flex_attention, torch >= 2.5); nothing otherwise, so
+    the equal-heads calls stay exactly what they were (and still run on an older torch)."""
+    return {"enable_gqa": True} if case.gqa else {}
+
+
+def sdpa_kwargs(case: Case) -> dict:
+    """The keyword arguments of every scaled_dot_product_attention call the bench times."""
+    return {"is_causal": case.causal, **gqa_kwargs(case)}
+
+
 def _sdpa_calls(torch, inputs: Inputs, case: Case):
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    kwargs = sdpa_kwargs(case)
 
     def call(qkv):
         q, k, v = _bhsd(qkv)
-        return lambda: sdpa(q, k, v, is_causal=case.causal).transpose(1, 2)
+        return lambda: sdpa(q, k, v, **kwargs).transpose(1, 2)
 
     return [call(s) for s in inputs.sets]
 
@@ -593,12 +667,14 @@ def _flex_calls(torch, inputs: Inputs, case: Case):
     # A fresh compile per shape: entries from earlier shapes must not count toward dynamo's recompile limit.
     torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=False)
-    mask = (create_block_mask(_causal_mask_mod, B=None, H=None, Q_LEN=case.seq, KV_LEN=case.seq, device="cuda")
+    device = inputs.sets[0][0].device
+    mask = (create_block_mask(_causal_mask_mod, B=None, H=None, Q_LEN=case.seq, KV_LEN=case.seq, device=device)
             if case.causal else None)
+    kwargs = gqa_kwargs(case)
 
     def call(qkv):
         q, k, v = _bhsd(qkv)
-        return lambda: compiled(q, k, v, block_mask=mask).transpose(1, 2)
+        return lambda: compiled(q, k, v, block_mask=mask, **kwargs).transpose(1, 2)
 
     return [call(s) for s in inputs.sets]
 
@@ -616,6 +692,11 @@ def _unfused_calls(torch, inputs: Inputs, case: Case):
 
     def call(qkv):
         q, k, v = _bhsd(qkv)
+        # Under GQA, K/V heads are repeated here, once per input set and outside the timed calls: the row times
+        # the attention arithmetic itself. (A model that repeats per call, as repeat_kv does, pays one K/V copy
+        # more.) Query head h reads K/V head h // group, as in codegen.check.reference and SDPA's enable_gqa.
+        if case.gqa:
+            k, v = (t.repeat_interleave(case.group, dim=1) for t in (k, v))
         return lambda: run(q, k, v)
 
     return [call(s) for s in inputs.sets]
@@ -887,7 +968,7 @@ def compile_specs(config: BenchConfig) -> list:
     specs = []
     for case in config.cases:
         base = KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
-                          causal=case.causal)
+                          causal=case.causal, kv_heads=case.kv_heads)
         for split in config.splits or ((),):
             specs.append(resolve(base.replace(pv_split=split)))
     return specs

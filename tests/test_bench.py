@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -14,21 +15,52 @@ from codegen import bench, check
 from codegen.bench import BenchUsageError, Case, Row
 
 SEED = Case(1, 1024, 64, 128, "f16")
+GQA = Case(4, 4096, 32, 128, "bf16", True, kv_heads=8)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
 
 
 def test_parse_shape_accepts_commas_and_x():
-    assert bench.parse_shape("4,4096,32,128") == (4, 4096, 32, 128)
-    assert bench.parse_shape(" 1x1024x64x128 ") == (1, 1024, 64, 128)
+    assert bench.parse_shape("4,4096,32,128") == (4, 4096, 32, 128, 32)
+    assert bench.parse_shape(" 1x1024x64x128 ") == (1, 1024, 64, 128, 64)
+
+
+def test_parse_shape_takes_kv_heads_after_a_colon():
+    assert bench.parse_shape("4,4096,32,128:8") == (4, 4096, 32, 128, 8)
+    assert bench.parse_shape("1x16384x16x128 : 2") == (1, 16384, 16, 128, 2)
+    assert bench.parse_shape("4,4096,32,128:1") == (4, 4096, 32, 128, 1)  # multi-query
+    assert bench.parse_shape("4,4096,32,128:32") == (4, 4096, 32, 128, 32)
 
 
 @pytest.mark.parametrize("text, why", [("1,1024,64", "four numbers"), ("1,a,64,128", "four integers"),
-                                       ("0,1024,64,128", "at least 1"), ("", "four integers")])
+                                       ("0,1024,64,128", "at least 1"), ("", "four integers"),
+                                       ("4,4096,32,128:0", "at least 1"), ("4,4096,32,128:-8", "at least 1"),
+                                       ("4,4096,32,128:12", "multiple of K/V heads 12"),
+                                       ("4,4096,32,128:64", "multiple of K/V heads 64"),
+                                       ("4,4096,32,128:", "after ':'"), ("4,4096,32,128:8:2", "after ':'"),
+                                       ("4,4096,32:8,128", "four numbers")])
 def test_parse_shape_rejects_with_a_reason(text, why):
     with pytest.raises(BenchUsageError, match=why):
         bench.parse_shape(text)
+
+
+def test_kv_heads_default_to_heads_and_are_checked():
+    assert SEED.kv_heads == 64 and not SEED.gqa and SEED == Case(1, 1024, 64, 128, "f16", False, 64)
+    assert GQA.gqa and GQA.group == 4
+    with pytest.raises(BenchUsageError, match="multiple of K/V heads 3"):
+        Case(1, 1024, 32, 128, kv_heads=3)
+    with pytest.raises(BenchUsageError, match="at least 1"):
+        Case(1, 1024, 32, 128, kv_heads=0)
+
+
+def test_gqa_shapes_reach_the_cases():
+    config = bench.parse_config(["--shape", "4,4096,32,128:8", "--shape", "2,512,8,64", "--dtype", "bf16",
+                                 "--causal"])
+    assert config.cases == (GQA, Case(2, 512, 8, 64, "bf16", True))
+    compile_config = bench.parse_config(["--compile", "--shape", "1,1024,64,128:8", "--no-save"])
+    assert compile_config.cases == (Case(1, 1024, 64, 128, kv_heads=8),)
+    assert bench.compile_specs(compile_config)[0].kv_heads == 8
 
 
 def test_single_shape_config_runs_every_peer():
@@ -61,10 +93,16 @@ def test_peers_always_include_cudnn_in_table_order():
     (["--shape", "1,1024,64,128", "--peers", "cudnn,triton"], "unknown implementation"),
     (["--shape", "1,1024,64,128", "--split", "96,x"], "chunk sizes"),
     (["--shape", "1,1024,64,128", "--iters", "0"], "--iters"),
+    (["--shape", "1,1024,64,128:48"], "multiple of K/V heads 48"),
 ])
 def test_bad_command_lines_are_usage_errors(argv, why):
     with pytest.raises(BenchUsageError, match=why):
         bench.parse_config(argv)
+
+
+def test_bench_main_reports_a_bad_kv_heads_with_status_2(capsys):
+    assert bench.bench_main(["--shape", "4,4096,32,128:5", "--no-save"]) == 2
+    assert "heads 32 must be a multiple of K/V heads 5" in capsys.readouterr().err
 
 
 def test_bench_main_reports_usage_errors_with_status_2(capsys):
@@ -86,6 +124,30 @@ def test_flops_are_4bhs2d_halved_for_causal():
     assert Case(4, 4096, 32, 128, "bf16", True).flops == 2 * 4 * 32 * 4096 * 4096 * 128
 
 
+def test_flops_do_not_depend_on_kv_heads():
+    assert GQA.flops == Case(4, 4096, 32, 128, "bf16", True).flops == 2 * 4 * 32 * 4096 * 4096 * 128
+    assert Case(16, 1024, 32, 64, "bf16", kv_heads=8).flops == 4 * 16 * 32 * 1024 * 1024 * 64
+
+
+def test_labels_show_kv_heads_only_under_gqa():
+    assert SEED.label == "(1,1024,64,128) f16 non-causal"
+    assert GQA.label == "(4,4096,32,128) kv8 bf16 causal"
+    assert Case(1, 16384, 16, 128, "bf16", kv_heads=16).label == "(1,16384,16,128) bf16 non-causal"
+
+
+def test_coverage_matrix_has_the_causal_and_gqa_shapes():
+    config = bench.parse_config(["--matrix", "coverage"])
+    assert [c.label for c in config.cases] == [
+        "(4,4096,32,128) bf16 causal",
+        "(4,4096,32,128) kv8 bf16 non-causal",
+        "(4,4096,32,128) kv8 bf16 causal",
+        "(1,16384,16,128) kv2 bf16 causal",
+        "(16,1024,32,64) kv8 bf16 non-causal",
+    ]
+    assert config.peers == bench.MATRIX_PEERS
+    assert not any(c.gqa for c in bench.MATRICES["default"]) and len(bench.MATRICES["default"]) == 8
+
+
 def test_tflops_follow_from_ms():
     row = Row("cudnn", SEED, ms=0.0636)
     assert row.tflops == pytest.approx(540.3, abs=0.1)  # the seed's 541 TFLOPS at 0.0636 ms
@@ -100,12 +162,16 @@ def test_splits_follow_block_n():
 def test_block_n_comes_from_the_plan():
     assert bench.block_n_for(Case(2, 4096, 16, 256, "bf16")) == 64
     assert bench.block_n_for(SEED) == 128
+    assert bench.block_n_for(GQA) == 128
 
 
 def test_small_problems_rotate_input_copies():
     assert bench.input_set_count(SEED) == 4  # q, k, v, o of 16 MiB each: ceil(200 / 64) sets
     assert bench.input_set_count(Case(1, 128, 1, 64)) == bench.MAX_INPUT_SETS
     assert bench.input_set_count(Case(4, 4096, 32, 128, "bf16")) == 1
+    # q and o 8 MiB each, k and v 1 MiB each under 8x GQA: ceil(200 / 18) sets, capped
+    assert bench.input_set_count(Case(1, 1024, 32, 128, kv_heads=4)) == bench.MAX_INPUT_SETS
+    assert Case(1, 1024, 32, 128, kv_heads=4).set_bytes == 2 * 8 * 2**20 + 2 * 2**20
 
 
 def test_peers_run_torch_first_and_flashgen_splits_last():
@@ -199,7 +265,9 @@ def test_row_json_has_the_issue_keys_and_no_non_finite_numbers():
     for key in ("impl", "B", "S", "H", "D", "causal", "dtype", "ms", "tflops", "rel_err", "ratio_to_cudnn",
                 "snr_db", "err_vs_ours", "pv_split", "error", "skipped"):
         assert key in d
-    assert (d["B"], d["S"], d["H"], d["D"], d["dtype"], d["causal"]) == (1, 1024, 64, 128, "f16", False)
+    assert (d["B"], d["S"], d["H"], d["H_kv"], d["D"], d["dtype"], d["causal"]) == (1, 1024, 64, 64, 128, "f16",
+                                                                                       False)
+    assert Row("cudnn", GQA).to_json()["H_kv"] == 8
     assert d["rel_err"] is None and d["snr_db"] is None and d["pv_split"] == [96, 32]
     json.dumps(d, allow_nan=False)
 
@@ -337,17 +405,75 @@ def test_chunked_reference_matches_the_whole_one():
             assert torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_unfused_peer_matches_the_reference(causal):
-    torch = pytest.importorskip("torch")
-    from codegen.check import reference, rel_err
+def _cpu_inputs(torch, case: Case, count: int = 2) -> bench.Inputs:
+    """make_inputs on the CPU in float32 (make_inputs itself allocates on the GPU)."""
+    from codegen.check import reference
 
-    case = Case(2, 40, 3, 64, "f16", causal)
-    sets = tuple(tuple(torch.randn(2, 40, 3, 64, dtype=torch.float32) for _ in range(3)) for _ in range(2))
-    inputs = bench.Inputs(sets, reference(*sets[0], causal=causal)[0])
+    q_shape = (case.batch, case.seq, case.heads, case.dim)
+    kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
+    sets = tuple(tuple(torch.randn(shape, dtype=torch.float32) for shape in (q_shape, kv_shape, kv_shape))
+                 for _ in range(count))
+    return bench.Inputs(sets, reference(*sets[0], causal=case.causal)[0])
+
+
+@pytest.mark.parametrize("kv_heads", [3, 1, None])
+@pytest.mark.parametrize("causal", [False, True])
+def test_unfused_peer_matches_the_reference(causal, kv_heads):
+    torch = pytest.importorskip("torch")
+    from codegen.check import rel_err
+
+    case = Case(2, 40, 6, 64, "f16", causal, kv_heads)
+    inputs = _cpu_inputs(torch, case)
     calls = bench._unfused_calls(torch, inputs, case)
     assert len(calls) == 2
+    assert calls[1]().shape == inputs.sets[1][0].shape  # H heads out, in q's (B, S, H, D) layout
     assert rel_err(calls[0](), inputs.ref) < 1e-5
+
+
+def test_sdpa_arguments_ask_for_gqa_only_when_heads_differ():
+    assert bench.sdpa_kwargs(SEED) == {"is_causal": False}
+    assert bench.sdpa_kwargs(Case(4, 4096, 32, 128, "bf16", True)) == {"is_causal": True}
+    assert bench.sdpa_kwargs(GQA) == {"is_causal": True, "enable_gqa": True}
+    assert bench.gqa_kwargs(SEED) == {} and bench.gqa_kwargs(GQA) == {"enable_gqa": True}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_peer_with_gqa_matches_the_reference(causal):
+    torch = pytest.importorskip("torch")
+    from codegen.check import rel_err
+
+    case = Case(2, 40, 6, 64, "f16", causal, kv_heads=2)
+    inputs = _cpu_inputs(torch, case, count=1)
+    (call,) = bench._sdpa_calls(torch, inputs, case)  # SDPA's default backend on the CPU
+    assert rel_err(call(), inputs.ref) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:.*without torch.compile")  # eager flex_attention says it runs unfused
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_peer_passes_gqa_through(causal, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from codegen.check import rel_err
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)  # eager flex_attention: no compiler on CI
+    case = Case(1, 40, 4, 64, "f16", causal, kv_heads=2)
+    inputs = _cpu_inputs(torch, case, count=1)
+    (call,) = bench._flex_calls(torch, inputs, case)
+    assert rel_err(call(), inputs.ref) < 1e-5
+
+
+def test_a_torch_without_enable_gqa_gives_an_error_row():
+    torch = pytest.importorskip("torch")
+
+    def sdpa_before_2_5(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        raise AssertionError("not reached: the call has enable_gqa")
+
+    old = types.SimpleNamespace(nn=types.SimpleNamespace(functional=types.SimpleNamespace(
+        scaled_dot_product_attention=sdpa_before_2_5)))
+    case = Case(1, 40, 4, 64, "f16", kv_heads=2)
+    row = bench.measure(old, bench.PEERS["sdpa"], None, case, _cpu_inputs(torch, case, count=1),
+                        bench.parse_config(["--shape", "1,40,4,64:2"]))
+    assert row.ms is None and row.error.startswith("TypeError") and "enable_gqa" in row.error
 
 
 def test_bench_without_a_gpu_says_so(capsys, tmp_path):
@@ -417,3 +543,14 @@ def test_bench_one_small_shape_on_the_gpu(capsys):
     assert {"flashgen", "flashgen[96+32]", "flashgen[64+64]", "cudnn", "unfused"} <= set(rows)
     assert rows["flashgen"].ok and rows["cudnn"].ok, [r.error for r in result.rows]
     assert rows["flashgen"].rel_err < 2e-3 and rows["cudnn"].ratio_to_cudnn == pytest.approx(1.0)
+
+
+@pytest.mark.gpu
+def test_bench_one_small_gqa_shape_on_the_gpu():
+    config = bench.parse_config(["--shape", "1,1024,8,128:2", "--causal", "--iters", "5", "--warmup", "2",
+                                 "--no-save", "--peers", "flashgen,cudnn,flex,unfused"])
+    result = bench.run_gpu(config, progress=lambda line: None)
+    rows = {r.impl: r for r in result.rows}
+    assert rows["flashgen"].ok and rows["unfused"].ok, [r.error for r in result.rows]
+    assert rows["flashgen"].rel_err < 2e-3 and rows["unfused"].rel_err < 2e-2
+    assert {"cudnn", "flex"} <= set(rows)  # measured, or an error row where this torch lacks GQA there
