@@ -148,7 +148,7 @@ def run_main(spec, batch: int) -> int:
     if not torch.cuda.is_available():
         print("error: --run needs a CUDA GPU", file=sys.stderr)
         return 2
-    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+    dtype = check.torch_dtype(spec.dtype)
     q = torch.randn(batch, spec.seq_len, spec.heads, spec.head_dim, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, spec.keys, spec.kv_heads, spec.head_dim, device="cuda", dtype=dtype) for _ in range(2))
     options = dict(causal=spec.causal, window=spec.window, softcap=spec.softcap)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .check import reference, time_gpu
+from .check import reference, time_gpu, torch_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -623,7 +623,7 @@ class Inputs:
 
 
 def make_inputs(torch, case: Case) -> Inputs:
-    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[case.dtype]
+    dtype = torch_dtype(case.dtype)
     q_shape = (case.batch, case.seq, case.heads, case.dim)
     kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
     sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for shape in (q_shape, kv_shape, kv_shape))
@@ -933,11 +933,13 @@ def fresh_cache_dir():
 
 
 def time_compile(spec) -> CompileTiming:
-    """Cold: render + NVRTC into an empty cache, with Jinja's template cache emptied first. Warm: the same
-    spec built again (a new plan, a new render, the cubin read back from disk)."""
-    from codegen import render
+    """Cold: derive + render + NVRTC into an empty cache, with the in-memory derivation and template caches
+    emptied first. Warm: the same spec built again (a new plan and render over cached derivations, the cubin
+    read back from disk)."""
+    from codegen import plan, render
 
     with fresh_cache_dir():
+        plan.clear_caches()
         render.environment.cache_clear()
         t0 = time.perf_counter()
         render.environment().get_template(render.TEMPLATE_BY_ARCH[spec.arch])

@@ -8,6 +8,13 @@ import time
 from typing import Callable
 
 
+def torch_dtype(name: str):
+    """The torch dtype of a KernelSpec dtype name ("f16", "bf16")."""
+    import torch
+
+    return {"f16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
               window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = 2**31):
     """Attention in float64 on the inputs' device: (o, lse) with o in q's layout, lse (B, H, S_q).

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from cuda.bindings import driver as cu
 
 import layouts
+from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 TENSOR_MAP_BYTES = 128
-_TMA_DTYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
-_TMA_SWIZZLE = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
-                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
 
 
 class DriverError(RuntimeError):
@@ -68,7 +66,7 @@ def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -
 def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:
     """cuTensorMapEncodeTiled from derived, already validated parameters; returns the 128 opaque bytes."""
     tmap = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, _TMA_DTYPE[params.dtype]),
+        getattr(cu.CUtensorMapDataType, TMA_DTYPE_NAMES[params.dtype]),
         params.rank,
         global_address,
         [cu.cuuint64_t(d) for d in params.dims],
@@ -76,7 +74,7 @@ def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> b
         [cu.cuuint32_t(b) for b in params.box],
         [cu.cuuint32_t(e) for e in params.elem_strides],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(cu.CUtensorMapSwizzle, _TMA_SWIZZLE[params.swizzle_bytes]),
+        getattr(cu.CUtensorMapSwizzle, TMA_SWIZZLE_NAMES[params.swizzle_bytes]),
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     ), f"cuTensorMapEncodeTiled(dims={params.dims}, strides={params.strides_bytes}, box={params.box})")

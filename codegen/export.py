@@ -13,14 +13,13 @@ import json
 import pathlib
 from dataclasses import dataclass
 
+from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
+
 from .build import BuiltKernel, build
 from .render import environment
 from .spec import KernelSpec
 
 _DTYPE_C = {"f16": "__half", "bf16": "__nv_bfloat16"}
-_TMA_DTYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
-_TMA_SWIZZLE = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
-                "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}
 # The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
 _EXAMPLE_TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
 
@@ -41,7 +40,7 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         described = getattr(plan, op).tensor_map.describe()
         kv = op in ("k", "v")
         operands.append({"name": op, "rank": described["rank"], "describe": described,
-                         "swizzle_enum": _TMA_SWIZZLE[described["swizzle"]],
+                         "swizzle_enum": TMA_SWIZZLE_NAMES[getattr(plan, op).tensor_map.swizzle.span_bytes],
                          "seq": plan.spec.keys if kv else plan.spec.seq_len,
                          "heads": plan.spec.kv_heads if kv else plan.spec.heads})
     context = {
@@ -60,7 +59,7 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         "dtype": plan.spec.dtype,
         "dtype_c": _DTYPE_C[plan.spec.dtype],
         "elem_bytes": plan.spec.elem_bytes,
-        "tma_dtype": _TMA_DTYPE[plan.spec.dtype],
+        "tma_dtype": TMA_DTYPE_NAMES[plan.spec.dtype],
         "operands": operands,
         "smem_bytes": plan.smem.total,
         "threads": plan.threads,

@@ -8,6 +8,7 @@ and invents nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -31,7 +32,8 @@ THREADS_PER_WARPGROUP = 128
 PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
 CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 registers per SM
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
-SMEM_ALIGN_SLACK = 1024  # the kernel rounds its dynamic base up to 1024 bytes
+# The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
+SMEM_ALIGN_SLACK = 1024
 # A deeper K/V ring hides more load latency (2 -> 3 stages: 0.85x -> 1.04x cuDNN at the seed shape, bench/LOG.md
 # v3). Four fit at D=64, three at D=128, two at D=256.
 MAX_STAGES = 4
@@ -41,6 +43,7 @@ MAX_STAGES = 4
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 
 
+@functools.lru_cache(maxsize=1024)
 def resolve(spec: KernelSpec) -> KernelSpec:
     """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
     block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
@@ -105,7 +108,7 @@ class Plan:
 
     def _derive(self, operand: str, rows: int) -> layouts.OperandDerivation:
         s = self.spec
-        return layouts.derive_operand(operand, arch=s.arch, head_dim=s.head_dim, block_rows=rows, dtype=s.dtype)
+        return _derive_operand(operand, s.arch, s.head_dim, rows, s.dtype)
 
     @property
     def threads(self) -> int:
@@ -133,6 +136,12 @@ class Plan:
             chunks.append(PvChunk(first, size // MMA_K))
             first += size // MMA_K
         return tuple(chunks)
+
+    @property
+    def smem_align(self) -> int:
+        align = max(op.smem_align for op in (self.q, self.k, self.v, self.o))
+        assert align <= SMEM_ALIGN_SLACK, f"the dynamic-base slack of {SMEM_ALIGN_SLACK} bytes cannot reach {align}"
+        return align
 
     @cached_property
     def smem(self) -> SmemMap:
@@ -204,6 +213,9 @@ class Plan:
             "o_offset_c": self.o.formula_c,
             "acc_row_c": acc.row_c,
             "acc_col_c": acc.col_c,
+            "row_half_c": acc.row_half_c,
+            "row_half_stride": acc.row_half_stride,
+            "smem_align": self.smem_align,
             "pv_chunks": self.pv_chunks,
             "pv_chunk_sizes": list(s.pv_split),
             "q_coords": self._origin_c(self.q),
@@ -219,6 +231,19 @@ class Plan:
         origin = operand.tensor_map.box_origin(batch_index=names["batch"], seq_start=names["row0"],
                                                head=names[head], seq_len=seq_len)
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
+
+
+@functools.lru_cache(maxsize=256)
+def _derive_operand(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
+    """Derivations are pure and verified once each (sympy makes them ~30 ms): every call with a new shape
+    resolves a spec, and each resolve tries several stage counts over the same few tiles."""
+    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+
+
+def clear_caches() -> None:
+    """Forget resolved specs and derivations (for timing a cold generate-and-compile)."""
+    resolve.cache_clear()
+    _derive_operand.cache_clear()
 
 
 def kernel_name(spec: KernelSpec, *, probe: bool = False) -> str:

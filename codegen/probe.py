@@ -54,6 +54,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
 
     from . import driver
     from .build import build
+    from .check import torch_dtype
     from .plan import make_plan
 
     plan = make_plan(spec)
@@ -70,7 +71,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
 
     injections = star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
     batch = len(injections)
-    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[s.dtype]
+    dtype = torch_dtype(s.dtype)
     dev = torch.device("cuda", device_index)
     gen = torch.Generator(device="cpu").manual_seed(seed)
 

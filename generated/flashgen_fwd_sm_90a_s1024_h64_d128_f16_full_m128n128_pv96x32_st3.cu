@@ -133,6 +133,8 @@ static __device__ __forceinline__ void wgmma_pv(float (&d)[64], u32 a0, u32 a1, 
 // element i of a thread's accumulator array holds (row, col) of the warpgroup's 64 x N tile.
 static __device__ __forceinline__ int acc_row(int warp, int lane, int i) { return ((lane >> 2) & 7) | ((warp & 3) << 4) | (((i >> 1) & 1) << 3); }
 static __device__ __forceinline__ int acc_col(int lane, int i) { return ((lane & 3) << 1) | (i & 1) | (((i >> 2) & 31) << 3); }
+// Which of the thread's two rows (0 or 1) value i belongs to.
+static __device__ __forceinline__ int row_half(int i) { return ((i >> 1) & 1); }
 
 // Shared-memory byte offset of element (m, n) in a consumer's O staging tile.
 static __device__ __forceinline__ u32 o_tile_offset(u32 m, u32 n) { return (n & 7) * 2 + ((m & 7) ^ ((n >> 3) & 7)) * 16 + m * 128 + (n >> 6) * 8192; }
@@ -210,7 +212,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
               float* __restrict__ lse_out,
               float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // Swizzled tiles need 1024-byte alignment (layouts/ asserts it for every offset below).
+  // Swizzled tiles need 1024-byte alignment (layouts/ derives it; the plan aligns every offset below).
   const u32 smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 bars = smem + cfg::kBarOffset;
   const int m_block = blockIdx.x;
@@ -295,7 +297,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
 #pragma unroll
-      for (int i = 0; i < 64; ++i) new_max[(i >> 1) & 1] = fmaxf(new_max[(i >> 1) & 1], sc[i]);
+      for (int i = 0; i < 64; ++i) new_max[row_half(i)] = fmaxf(new_max[row_half(i)], sc[i]);
       float scaled_max[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -309,8 +311,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
       }
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
-        row_sum[(i >> 1) & 1] += sc[i];
+        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[row_half(i)]);
+        row_sum[row_half(i)] += sc[i];
       }
     }
 #pragma unroll
@@ -349,7 +351,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
 #pragma unroll
-      for (int i = 0; i < 64; ++i) new_max[(i >> 1) & 1] = fmaxf(new_max[(i >> 1) & 1], sc[i]);
+      for (int i = 0; i < 64; ++i) new_max[row_half(i)] = fmaxf(new_max[row_half(i)], sc[i]);
       float scaled_max[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -363,8 +365,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
       }
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[(i >> 1) & 1]);
-        row_sum[(i >> 1) & 1] += sc[i];
+        sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[row_half(i)]);
+        row_sum[row_half(i)] += sc[i];
       }
     }
     wgmma_wait<0>();  // PV(j-1) is done: its P registers and stage j-1 are free, and O may be rescaled
@@ -374,7 +376,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
     // settles, most blocks skip the 64 multiplies. The branch is warp-uniform.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[row_half(i)];
     }
 #pragma unroll
     for (int r = 0; r < 32; ++r) p[r] = pack2(sc[2 * r], sc[2 * r + 1]);
@@ -415,11 +417,12 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
 
   // Stage O in this consumer's Q tile: every wgmma that read it has completed.
   // Recomputed rather than kept live across the main loop, where D=256 needs every register.
-  const u32 o_tile = ((fresh_smem_addr(smem_raw) + 1023u) & ~1023u) + cfg::kQOffset + consumer * cfg::kQBytes;
+  const u32 o_tile = ((fresh_smem_addr(smem_raw) + 1023u) & ~1023u) + cfg::kQOffset +
+                     consumer * cfg::kQBytes;
 #pragma unroll
   for (int i = 0; i < 64; i += 2) {
     const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
-    const u32 packed = pack2(o[i] * inv_sum[(i >> 1) & 1], o[i + 1] * inv_sum[(i >> 1) & 1]);
+    const u32 packed = pack2(o[i] * inv_sum[row_half(i)], o[i + 1] * inv_sum[row_half(i)]);
     asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(packed) : "memory");
   }
   fence_proxy_async();

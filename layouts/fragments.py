@@ -76,6 +76,8 @@ def s_slice_is_a_operand(n: int) -> None:
 class FragmentC:
     row_c: str  # over `warp`, `lane`, `i`
     col_c: str
+    row_half_c: str  # over `i`: 0 or 1, which of a thread's two rows value i belongs to
+    row_half_stride: int  # the register index step from a thread's first row to its second
 
 
 def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> str:
@@ -110,4 +112,10 @@ def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     columns, so the N=256 expression serves every smaller N)."""
     acc = wgmma_accumulator(n)
     names = {"lane": "lane", "warp": "warp", "reg": "i"}
-    return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names))
+    # A thread's values cover two rows: the one register bit that moves the row picks between them.
+    row_bits = [b for b, image in enumerate(acc.bases["reg"]) if image["row"]]
+    if len(row_bits) != 1:
+        raise LayoutError(f"expected one register bit to select a thread's row, found bits {row_bits}")
+    (bit,) = row_bits
+    return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names),
+                     row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit)

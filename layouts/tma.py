@@ -35,6 +35,10 @@ from .swizzle import Swizzle
 TMA_DTYPES = {"f16": (6, 2), "bf16": (9, 2)}
 # CUtensorMapSwizzle values: NONE, 32B, 64B, 128B.
 TMA_SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
+# The same enums by name, for code that calls the driver (codegen.driver) or emits C (codegen.export).
+TMA_DTYPE_NAMES = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+TMA_SWIZZLE_NAMES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+                     64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
 
 MAX_RANK = 5
 MAX_GLOBAL_DIM = 1 << 32

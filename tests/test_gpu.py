@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from codegen import check  # noqa: E402
 from codegen.api import InputError, attention, prepare  # noqa: E402
 
-DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {name: check.torch_dtype(name) for name in ("f16", "bf16")}
 LSE_TOLERANCE = 1e-5  # float32 running max and sum; measured ~1e-7
 TINY = 1e-6           # when SDPA is exact (S=1), ours must be too, up to rounding of a copy
 
