@@ -107,13 +107,13 @@ def snr_db(x, ref) -> float:
     return float("inf") if err == 0 else -20.0 * math.log10(err) if math.isfinite(err) else float("-inf")
 
 
-def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd") -> float:
+def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd", scale: float | None = None) -> float:
     """The same-dtype PyTorch SDPA error against the float64 reference: the yardstick for ours."""
     import torch
 
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     if layout == "bshd":
         o = o.transpose(1, 2)
     return rel_err(o, ref)
@@ -123,11 +123,6 @@ def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd") -> float:
 QUEUE_AHEAD_S_PER_ITER = 20e-6  # GPU sleep per timed iteration beyond the call's own host time (events)
 MAX_QUEUE_AHEAD_S = 1.0
 ASSUMED_CLOCK_HZ = 2.0e9
-
-
-def attention_flops(batch: int, seq: int, heads: int, dim: int, causal: bool) -> float:
-    flops = 4.0 * batch * heads * seq * seq * dim
-    return flops / 2 if causal else flops
 
 
 def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> float:
