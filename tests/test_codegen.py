@@ -189,3 +189,9 @@ def test_gen_cli_run_without_a_gpu_says_so(tmp_path, capsys):
 def test_gen_cli_refuses_varlen_with_a_reason(capsys):
     assert gen.main(["--shape", "128,2,64", "--varlen"]) == 2
     assert "not supported yet" in capsys.readouterr().err
+
+
+def test_derivations_are_shared_across_plans():
+    """attention() resolves a spec on every call; the layouts must be derived once, not per call."""
+    first, second = make_plan(KernelSpec(1024, 8, 128)), make_plan(KernelSpec(2048, 8, 128, causal=True))
+    assert first.q is second.q and first.k is second.k
