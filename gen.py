@@ -60,7 +60,8 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="local attention: keys in [i-LEFT, i+RIGHT] of query i's diagonal; -1 is unbounded")
     parser.add_argument("--softcap", type=float, default=0.0, metavar="X", help="cap scores at X*tanh(s/X)")
     parser.add_argument("--varlen", action="store_true",
-                        help="variable-length batches (not yet supported: the option is refused with a reason)")
+                        help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
+                             "--seq-k) being the longest the kernel accepts")
 
 
 def _spec_from(args):
@@ -71,16 +72,14 @@ def _spec_from(args):
         s, h, d = (int(x) for x in args.shape.split(","))
     except ValueError:
         raise SpecError(f"--shape expects S,H,D as three integers, got {args.shape!r}") from None
-    if args.varlen:
-        raise SpecError("--varlen (cu_seqlens batches) is not supported yet; pad the batch to one length or run "
-                        "one call per length")
     try:
         window = tuple(int(x) for x in args.window.split(",")) if args.window else (-1, -1)
     except ValueError:
         raise SpecError(f"--window expects LEFT,RIGHT as integers (-1 for unbounded), got {args.window!r}") from None
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
-                              kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap))
+                              kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
+                              varlen=args.varlen))
 
 
 def emit(spec, out_dir: pathlib.Path, *, use_cache: bool = True):
@@ -131,7 +130,11 @@ def generate_main(argv: list[str]) -> int:
     if args.export:
         from codegen.export import export_bundle, nvcc_command
 
-        bundle = export_bundle(spec, args.export)
+        try:
+            bundle = export_bundle(spec, args.export)
+        except SpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"  bundle     {args.export}/ ({len(bundle.files)} files); build the example with:")
         print("             " + " ".join(nvcc_command(bundle)))
     if args.run:
@@ -147,6 +150,10 @@ def run_main(spec, batch: int) -> int:
 
     if not torch.cuda.is_available():
         print("error: --run needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if spec.varlen:
+        print("error: --run times fixed-length batches; run a varlen batch with `gen.py bench --varlen ...` or "
+              "codegen.attention(..., cu_seqlens_q=..., cu_seqlens_k=...)", file=sys.stderr)
         return 2
     dtype = check.torch_dtype(spec.dtype)
     q = torch.randn(batch, spec.seq_len, spec.heads, spec.head_dim, device="cuda", dtype=dtype)

@@ -39,7 +39,8 @@ def _loaded(key: KernelKey):
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
               layout: str = "bshd", window: tuple[int, int] | None = None, softcap: float = 0.0,
-              pv_split: tuple[int, ...] | None = None, **tuning):
+              pv_split: tuple[int, ...] | None = None, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, **tuning):
     """Softmax(q k^T * scale) v for q of shape (B, S_q, H, D) and k, v of shape (B, S_k, H_kv, D), or the
     (B, H, S, D) layouts with layout="bhsd".
 
@@ -49,9 +50,17 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     softcap * tanh(scores / softcap). A row that sees no key at all outputs 0 with logsumexp -inf.
     Returns o in q's layout (and, with return_lse, the (B, H, S_q) float32 natural-log logsumexp). The kernel
     specialized for these shapes and options is generated, compiled and cached on first use.
+
+    Variable-length batches (FlashAttention's varlen interface): q of shape (total_q, H, D) and k, v of shape
+    (total_k, H_kv, D) hold the sequences back to back; int32 tensors cu_seqlens_q and cu_seqlens_k of length
+    B + 1 give where each starts (cu[0] = 0, cu[B] = total). max_seqlen_q/k default to the longest sequence.
+    Each sequence is attended on its own (causal and windows aligned to its own bottom right); o is
+    (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
+    two (at least 128), so batches of similar lengths share one compiled kernel.
     """
     call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                   pv_split=pv_split, **tuning)
+                   pv_split=pv_split, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **tuning)
     call()
     return (call.o, call.lse) if return_lse else call.o
 
@@ -63,9 +72,10 @@ class PreparedAttention:
     and not the checks; the inputs must stay alive and unmoved while it is used.
     """
 
-    def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device):
+    def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device, keep_alive=()):
         self.built, self.kernel, self.args, self.grid = built, kernel, args, grid
         self.o, self.lse, self.device = o, lse, device
+        self._keep_alive = keep_alive  # tensors the kernel reads by address (varlen offsets)
 
     @property
     def spec(self) -> KernelSpec:
@@ -83,27 +93,36 @@ class PreparedAttention:
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
-            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True) -> PreparedAttention:
+            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
     pv_split, block_n, stages and pingpong are the tuning knobs of KernelSpec; the defaults are the measured
-    choices of codegen.plan.
+    choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are copied to the host
+    once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     import torch
 
     from . import driver
 
-    shape = _check_inputs(q, k, v, layout)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        shape = _check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
+        raise InputError("max_seqlen_q/max_seqlen_k are for variable-length batches: pass cu_seqlens_q and "
+                         "cu_seqlens_k too")
+    else:
+        shape = _check_inputs(q, k, v, layout)
     if scale is None:
         scale = 1.0 / math.sqrt(shape.dim)
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     try:
-        spec = resolve(KernelSpec(seq_len=shape.seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
+        spec = resolve(KernelSpec(seq_len=shape.spec_seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
                                   dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ()),
-                                  block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.seq_k,
+                                  block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.spec_seq_k,
                                   kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
-                                  softcap=float(softcap)))
+                                  softcap=float(softcap), varlen=varlen))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)
@@ -111,21 +130,34 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     built, kernel = _loaded(KernelKey(spec, q.device.index or 0))
     plan = built.plan
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    if out is not None:
-        _check_inputs(q, q, out, layout)  # the same shape, dtype, device and stride rules as the inputs
-    lse = torch.empty((shape.batch, shape.heads, shape.seq_q), dtype=torch.float32, device=q.device)
+    if out is not None:  # the same shape, dtype, device and stride rules as the inputs
+        if varlen:
+            _check_tensors(q, q, out, rank=3, dims="total, H, D")
+        else:
+            _check_inputs(q, q, out, layout)
+        if out.shape != q.shape:
+            raise InputError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    lse_shape = (shape.heads, shape.seq_q) if varlen else (shape.batch, shape.heads, shape.seq_q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     maps = []
     for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
-        sb, ss, sh = _strides_bshd(tensor, layout)
+        # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
+        sb, ss, sh = (tensor.shape[-1], tensor.stride(0), tensor.stride(1)) if varlen else _strides_bshd(tensor, layout)
         try:
             params = getattr(plan, name).tensor_map.instantiate(
-                batch=shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
+                batch=1 if varlen else shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
         except LayoutError as e:  # a stride or extent the tensor memory accelerator cannot express
             raise InputError(f"{name}: {e}") from None
         maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
-    args = driver.pack_args(maps + [lse.data_ptr(), float(scale * LOG2E)])
-    return PreparedAttention(built, kernel, args, plan.grid(shape.batch), o, lse, q.device)
+    runtime = [lse.data_ptr()]
+    if varlen:
+        e = o.element_size()
+        runtime += [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), o.data_ptr(), o.stride(0) * e, o.stride(1) * e]
+    args = driver.pack_args(maps + runtime + [float(scale * LOG2E)])
+    grid = plan.grid(shape.batch, max_seqlen_q=shape.max_seq_q if varlen else None)
+    keep_alive = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
+    return PreparedAttention(built, kernel, args, grid, o, lse, q.device, keep_alive)
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
@@ -138,24 +170,120 @@ def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class Shape:
     batch: int
-    seq_q: int
+    seq_q: int  # rows of q per batch entry (varlen: all of them, total_q)
     seq_k: int
     heads: int
     kv_heads: int
     dim: int
+    max_seq_q: int = 0  # varlen only: the longest sequences
+    max_seq_k: int = 0
+
+    @property
+    def spec_seq_q(self) -> int:
+        return _length_bucket(self.max_seq_q) if self.max_seq_q else self.seq_q
+
+    @property
+    def spec_seq_k(self) -> int:
+        return _length_bucket(self.max_seq_k) if self.max_seq_k else self.seq_k
+
+
+VARLEN_MIN_BUCKET = 128
+
+
+def _length_bucket(n: int) -> int:
+    """The max length a varlen kernel is specialized on: n rounded up to a power of two, at least 128."""
+    return max(VARLEN_MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
 def _check_inputs(q, k, v, layout: str) -> Shape:
-    import torch
-
     if layout not in LAYOUTS:
         raise InputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _check_tensors(q, k, v, rank=4, dims="B, S, H, D" if layout == "bshd" else "B, H, S, D")
+
+    def bshd(t):
+        return tuple(t.shape) if layout == "bshd" else (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
+
+    (batch, seq_q, heads, dim), (batch_k, seq_k, kv_heads, dim_k) = bshd(q), bshd(k)
+    if batch_k != batch or dim_k != dim:
+        raise InputError(f"q and k must agree on batch and head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if min(batch, seq_q, seq_k, heads, kv_heads, dim) < 1:
+        raise InputError(f"every dimension must be at least 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    _check_heads(heads, kv_heads)
+    if batch > MAX_GRID_YZ:
+        raise InputError(f"batch must be at most {MAX_GRID_YZ} (grid limits), got {batch}")
+    return Shape(batch, seq_q, seq_k, heads, kv_heads, dim)
+
+
+def _check_heads(heads: int, kv_heads: int) -> None:
+    if heads % kv_heads:
+        raise InputError(f"q's {heads} heads must be a multiple of k and v's {kv_heads} (grouped-query attention)")
+    if heads > MAX_GRID_YZ:
+        raise InputError(f"heads must be at most {MAX_GRID_YZ} (grid limits), got {heads}")
+
+
+def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k) -> Shape:
+    import torch
+
+    if layout != "bshd":
+        raise InputError(f"variable-length batches take packed (total, H, D) tensors; layout={layout!r} does not "
+                         "apply (leave it at its default)")
+    _check_tensors(q, k, v, rank=3, dims="total, H, D")
+    (total_q, heads, dim), (total_k, kv_heads, dim_k) = tuple(q.shape), tuple(k.shape)
+    if dim_k != dim:
+        raise InputError(f"q and k must agree on the head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if min(total_q, total_k, heads, kv_heads, dim) < 1:
+        raise InputError(f"every dimension must be at least 1 (an empty batch has nothing to attend), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if max(total_q, total_k) >= 2**31:
+        raise InputError(f"packed lengths must stay below 2**31 rows (32-bit tensor-map coordinates), got "
+                         f"{total_q} and {total_k}")
+    _check_heads(heads, kv_heads)
+    lengths = {}
+    for name, cu, total, max_len in (("cu_seqlens_q", cu_q, total_q, max_q), ("cu_seqlens_k", cu_k, total_k, max_k)):
+        if cu is None:
+            raise InputError("variable-length batches need both cu_seqlens_q and cu_seqlens_k")
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+            raise InputError(f"{name} must be a 1-D torch.int32 tensor, got "
+                             f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__}"
+                             f"{f' of rank {cu.dim()}' if isinstance(cu, torch.Tensor) else ''}")
+        if cu.device != q.device:
+            raise InputError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.numel() < 2:
+            raise InputError(f"{name} must hold B + 1 >= 2 offsets, got {cu.numel()}")
+        if cu.stride(0) != 1:
+            raise InputError(f"{name} must be contiguous; call .contiguous()")
+        offsets = cu.tolist()
+        if offsets[0] != 0 or offsets[-1] != total:
+            raise InputError(f"{name} must run from 0 to the packed length {total}, got {offsets[0]} .. {offsets[-1]}")
+        seq_lens = [b - a for a, b in zip(offsets, offsets[1:])]
+        if min(seq_lens) < 0:
+            i = min(range(len(seq_lens)), key=seq_lens.__getitem__)
+            raise InputError(f"{name} must be nondecreasing, but sequence {i} has length {seq_lens[i]}")
+        longest = max(seq_lens)
+        if max_len is not None:
+            if not isinstance(max_len, int) or max_len < longest:
+                raise InputError(f"max_seqlen_{name[-1]} = {max_len!r} is shorter than sequence "
+                                 f"{seq_lens.index(longest)} of length {longest}: rows past it would not be computed")
+            longest = max_len
+        lengths[name] = max(longest, 1)
+    if cu_q.numel() != cu_k.numel():
+        raise InputError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+                         f"{cu_q.numel() - 1} and {cu_k.numel() - 1}")
+    batch = cu_q.numel() - 1
+    if batch > MAX_GRID_YZ:
+        raise InputError(f"at most {MAX_GRID_YZ} sequences per batch (grid limits), got {batch}")
+    return Shape(batch, total_q, total_k, heads, kv_heads, dim, lengths["cu_seqlens_q"], lengths["cu_seqlens_k"])
+
+
+def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
+    """The rules every input tensor obeys: type, rank, dtype, device, no grad, TMA-expressible strides."""
+    import torch
+
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise InputError(f"{name} must have rank 4 ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}), "
-                             f"got shape {tuple(t.shape)}")
+        if t.dim() != rank:
+            raise InputError(f"{name} must have rank {rank} ({dims}), got shape {tuple(t.shape)}")
         if str(t.dtype).split(".")[-1] not in _TORCH_DTYPES:
             raise InputError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
     if not (q.dtype == k.dtype == v.dtype):
@@ -166,25 +294,12 @@ def _check_inputs(q, k, v, layout: str) -> Shape:
         raise InputError("flashgen has no backward pass yet: call under torch.no_grad() or detach the inputs")
     if k.shape != v.shape:
         raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-
-    def bshd(t):
-        return tuple(t.shape) if layout == "bshd" else (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
-
-    (batch, seq_q, heads, dim), (batch_k, seq_k, kv_heads, dim_k) = bshd(q), bshd(k)
-    if batch_k != batch or dim_k != dim:
-        raise InputError(f"q and k must agree on batch and head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if min(batch, seq_q, seq_k, heads, kv_heads, dim) < 1:
-        raise InputError(f"every dimension must be at least 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if heads % kv_heads:
-        raise InputError(f"q's {heads} heads must be a multiple of k and v's {kv_heads} (grouped-query attention)")
-    if batch > MAX_GRID_YZ or heads > MAX_GRID_YZ:
-        raise InputError(f"batch and heads must be at most {MAX_GRID_YZ} (grid limits), got {batch}, {heads}")
     elem = q.element_size()
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(3) != 1:
-            raise InputError(f"{name}'s head dimension must be contiguous (stride 1), got stride {t.stride(3)}; "
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}'s head dimension must be contiguous (stride 1), got stride {t.stride(-1)}; "
                              "call .contiguous()")
-        for axis in range(3):
+        for axis in range(rank - 1):
             if t.shape[axis] > 1 and t.stride(axis) == 0:
                 raise InputError(f"{name}.stride({axis}) is 0 (an expanded tensor); call .contiguous()")
             if t.shape[axis] > 1 and (t.stride(axis) * elem) % 16:
@@ -192,7 +307,6 @@ def _check_inputs(q, k, v, layout: str) -> Shape:
                                  "which the tensor memory accelerator requires")
         if t.data_ptr() % 16:
             raise InputError(f"{name}'s data pointer is not 16-byte aligned")
-    return Shape(batch, seq_q, seq_k, heads, kv_heads, dim)
 
 
 def _check_device(t) -> None:

@@ -19,6 +19,13 @@ ARGUMENTS = (
     ("lse", "float* (B, H, S) contiguous, natural-log logsumexp of each row"),
     ("scale_log2", "float: softmax scale * log2(e)"),
 )
+VARLEN_ARGUMENTS = (
+    ("cu_seqlens_q", "const int* (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])"),
+    ("cu_seqlens_k", "const int* (B + 1): the same for keys and values"),
+    ("o_gmem", "unsigned char*: o's base address, for tiles that end inside a sequence (stored without TMA)"),
+    ("o_row_bytes", "long long: o's stride between packed rows, in bytes"),
+    ("o_head_bytes", "long long: o's stride between heads, in bytes"),
+)
 
 
 @dataclass(frozen=True)
@@ -45,20 +52,39 @@ class BuiltKernel:
             "kernel": kernel,
             "spec": spec.to_json(),
             "arch": spec.arch,
-            "grid": {"x": "ceil(S / block_m) = %d" % plan.m_blocks, "y": "heads = %d" % spec.heads, "z": "batch"},
+            "grid": ({"x": "ceil(max_seqlen_q / block_m)", "y": "heads = %d" % spec.heads, "z": "sequences"}
+                     if spec.varlen else
+                     {"x": "ceil(S / block_m) = %d" % plan.m_blocks, "y": "heads = %d" % spec.heads, "z": "batch"}),
             "block": [plan.threads, 1, 1],
             "dynamic_smem_bytes": plan.smem.total,
-            "arguments": [{"name": n, "type": t} for n, t in ARGUMENTS],
+            "arguments": [{"name": n, "type": t} for n, t in self.arguments()],
             "tensor_maps": tensor_maps,
-            "global_layout": (f"q, o: (B, {spec.seq_len}, {spec.heads}, {spec.head_dim}); k, v: (B, {spec.keys}, "
-                              f"{spec.kv_heads or spec.heads}, {spec.head_dim}); any strides with the head dim "
-                              f"contiguous; lse: (B, {spec.heads}, {spec.seq_len}) float32"),
+            "global_layout": self.global_layout(),
             "registers": self.compiled.registers.get(kernel),
             "spill_stores": self.compiled.spill_stores.get(kernel, 0),
             "spill_loads": self.compiled.spill_loads.get(kernel, 0),
             "source_sha256": self.rendered.sha256,
             "nvrtc_version": ".".join(map(str, self.compiled.nvrtc_version)),
         }
+
+
+    def arguments(self) -> tuple[tuple[str, str], ...]:
+        """The kernel's parameters in order (the varlen ones sit between lse and the scale)."""
+        if not self.spec.varlen:
+            return ARGUMENTS
+        lse = ("lse", "float* (H, total_q) contiguous, natural-log logsumexp of each packed row")
+        return ARGUMENTS[:4] + (lse,) + VARLEN_ARGUMENTS + ARGUMENTS[5:]
+
+    def global_layout(self) -> str:
+        spec = self.spec
+        if spec.varlen:
+            return (f"q, o: (total_q, {spec.heads}, {spec.head_dim}); k, v: (total_k, {spec.kv_heads}, "
+                    f"{spec.head_dim}), sequences packed back to back and each at most {spec.seq_len} queries and "
+                    f"{spec.keys} keys long; tensor maps see them as one batch entry of total rows; "
+                    f"lse: ({spec.heads}, total_q) float32")
+        return (f"q, o: (B, {spec.seq_len}, {spec.heads}, {spec.head_dim}); k, v: (B, {spec.keys}, "
+                f"{spec.kv_heads or spec.heads}, {spec.head_dim}); any strides with the head dim "
+                f"contiguous; lse: (B, {spec.heads}, {spec.seq_len}) float32")
 
 
 def build(spec: KernelSpec, *, probe: bool = False, use_cache: bool = True) -> BuiltKernel:

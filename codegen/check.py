@@ -75,6 +75,13 @@ def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap
     """The error, against the float64 reference, of a flash-style computation in the inputs' dtype: products
     accumulated in float32, softmax in float32, P rounded to the inputs' dtype before PV, the output rounded
     too. The yardstick for variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
+    out = same_dtype_output(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, layout=layout)
+    return rel_err(out, ref)
+
+
+def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: float = 0.0,
+                      scale: float | None = None, layout: str = "bshd"):
+    """The flash-style same-dtype computation of `same_dtype_error`, returned in q's layout."""
     import torch
 
     qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
@@ -89,7 +96,38 @@ def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap
         scores = scores.masked_fill(~keep, float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype).float()
     out = (p @ vb).to(q.dtype)
-    return rel_err(out.transpose(1, 2) if layout == "bshd" else out, ref)
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def sequences(cu_seqlens_q, cu_seqlens_k) -> list[tuple[slice, slice]]:
+    """The (query rows, key rows) of each sequence of a packed variable-length batch."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return [(slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])) for i in range(len(cq) - 1)]
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """`reference` for packed (total, H, D) tensors, each sequence on its own: o (total_q, H, D) float64 and
+    lse (H, total_q). Rows of a sequence without keys are 0 with logsumexp -inf."""
+    import torch
+
+    o = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    for rows, keys in sequences(cu_seqlens_q, cu_seqlens_k):
+        if rows.stop > rows.start and keys.stop > keys.start:
+            o_seq, lse_seq = reference(q[None, rows], k[None, keys], v[None, keys], **options)
+            o[rows], lse[:, rows] = o_seq[0], lse_seq[0]
+    return o, lse
+
+
+def same_dtype_output_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """`same_dtype_output` for a packed batch, sequence by sequence."""
+    import torch
+
+    out = torch.zeros_like(q)
+    for rows, keys in sequences(cu_seqlens_q, cu_seqlens_k):
+        if rows.stop > rows.start and keys.stop > keys.start:
+            out[rows] = same_dtype_output(q[None, rows], k[None, keys], v[None, keys], **options)[0]
+    return out
 
 
 def rel_err(x, ref) -> float:

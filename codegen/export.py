@@ -17,7 +17,7 @@ from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 from .build import BuiltKernel, build
 from .render import environment
-from .spec import KernelSpec
+from .spec import KernelSpec, SpecError
 
 _DTYPE_C = {"f16": "__half", "bf16": "__nv_bfloat16"}
 # The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
@@ -32,6 +32,9 @@ class Bundle:
 
 
 def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
+    if spec.varlen:
+        raise SpecError("--export writes a launcher for fixed-length batches; a varlen launcher (cu_seqlens "
+                        "arguments) is not emitted yet. The kernel source alone is in the --out folder.")
     built = build(spec)
     plan, name = built.plan, built.rendered.kernel_name
     directory.mkdir(parents=True, exist_ok=True)

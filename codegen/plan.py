@@ -41,6 +41,7 @@ MAX_STAGES = 4
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
 # v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
+MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -115,10 +116,6 @@ class Plan:
         return 3 * THREADS_PER_WARPGROUP
 
     @property
-    def kv_blocks(self) -> int:
-        return -(-self.spec.keys // self.spec.block_n)
-
-    @property
     def window_bounds(self) -> tuple[int, int]:
         """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal sets right = 0,
         whatever the window's right bound (as FlashAttention does)."""
@@ -168,8 +165,21 @@ class Plan:
                        k_bytes=placed["k"][1], v_offset=placed["v"][0], v_bytes=placed["v"][1],
                        bar_offset=bar_offset, barriers=barriers, total=total)
 
-    def grid(self, batch: int) -> tuple[int, int, int]:
-        return (self.m_blocks, self.spec.heads, batch)
+    def grid(self, batch: int, max_seqlen_q: int | None = None) -> tuple[int, int, int]:
+        """One CTA per query tile, head and sequence; a varlen batch passes its longest query sequence."""
+        m_blocks = self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // self.spec.block_m)
+        return (m_blocks, self.spec.heads, batch)
+
+    @property
+    def o_vector_elems(self) -> int:
+        """Elements of O a thread copies at once when it stores a partial varlen tile without TMA: the widest
+        run the O staging layout keeps contiguous along the head dim, up to a 16-byte access."""
+        run = self.o.layout.contiguous_run("n", self.o.elem_bytes)
+        elems = min(run, MAX_VECTOR_BYTES // self.o.elem_bytes)
+        if elems * self.o.elem_bytes < 4:
+            raise SpecError(f"the O staging layout keeps only {run} elements contiguous; the varlen tail store "
+                            "needs at least 4 bytes")
+        return elems
 
     def template_context(self, *, probe: bool = False) -> dict:
         s = self.spec
@@ -198,8 +208,11 @@ class Plan:
             "conditional_rescale": s.head_dim >= CONDITIONAL_RESCALE_MIN_HEAD_DIM,
             # Later query tiles see more keys only when a right bound (causal) moves with the query.
             "long_tiles_last": self.window_bounds[1] >= 0 and not probe,
-            "kv_blocks": 1 if probe else self.kv_blocks,
-            "tail_mask": s.keys % s.block_n != 0,
+            "elem_bytes": s.elem_bytes,
+            # A varlen sequence's length is known only at run time, so its last key block may always be partial.
+            "tail_mask": s.varlen or s.keys % s.block_n != 0,
+            "varlen": s.varlen and not probe,
+            "o_vector_elems": self.o_vector_elems if s.varlen else 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,
             "producer_regs": PRODUCER_REGS,
@@ -226,9 +239,9 @@ class Plan:
 
     def _origin_c(self, operand: layouts.OperandDerivation, head: str = "head") -> str:
         """The tensor-map coordinates of a tile starting at sequence row `row0`, as C arguments."""
-        names = {n: sympy.Symbol(n) for n in ("row0", head, "batch")}
+        names = {n: sympy.Symbol(n) for n in ("row0", head, "tma_batch")}
         seq_len = self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len
-        origin = operand.tensor_map.box_origin(batch_index=names["batch"], seq_start=names["row0"],
+        origin = operand.tensor_map.box_origin(batch_index=names["tma_batch"], seq_start=names["row0"],
                                                head=names[head], seq_len=seq_len)
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 

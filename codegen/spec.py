@@ -40,6 +40,9 @@ class KernelSpec:
     kv_heads: int = 0  # K/V heads, dividing heads (grouped-query; 1 is multi-query); 0: the same as heads
     window: tuple[int, int] = (-1, -1)  # local attention: keys in [i - left, i + right] (bottom-right aligned); -1: unbounded
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap); 0: off
+    # Variable-length batch: packed (total, H, D) tensors cut by cu_seqlens at run time; seq_len and seq_len_k
+    # are then the longest sequence the kernel accepts, not the length of every sequence.
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
@@ -69,6 +72,7 @@ class KernelSpec:
                  f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads} (grouped-query attention)")
         _require(len(self.window) == 2 and all(isinstance(w, int) and -1 <= w < 2**31 for w in self.window),
                  f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
+        _require(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
         _require(isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0,
                  f"softcap must be a finite number >= 0 (0: off), got {self.softcap!r}")
         if self.pv_split:
@@ -96,6 +100,8 @@ class KernelSpec:
             extras += f"_kvh{self.kv_heads}"
         if self.window != (-1, -1):
             extras += "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
+        if self.varlen:
+            extras += "_varlen"
         if self.softcap:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"

@@ -146,14 +146,13 @@ constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;
 constexpr int kRowsPerConsumer = 64;
 constexpr int kStages = 3;
-constexpr int kKvBlocks = 8;
 constexpr int kSeqLenK = 1024;
 constexpr int kGroup = 1;  // query heads per K/V head
-// Query i's diagonal is key i + kDiagonal (bottom-right alignment when the lengths differ); it sees keys in
+// Query i's diagonal is key i + (S_k - S_q) (bottom-right alignment when the lengths differ); it sees keys in
 // [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
-constexpr int kDiagonal = kSeqLenK - kSeqLen;
 constexpr int kWindowLeft = -1, kWindowRight = -1;
 constexpr bool kTailMask = false;
+constexpr bool kVarlen = false;
 constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
 constexpr u32 kVOffset = 131072, kVBytes = 32768;
@@ -179,30 +178,37 @@ static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 
   wgmma_commit();
 }
 
+// One sequence's lengths: compile-time constants, or read from cu_seqlens for a varlen batch (where the
+// compiler folds nothing and the same code runs on the lengths of each sequence).
+struct Lengths {
+  int seq_q, seq_k;
+  __device__ __forceinline__ constexpr int diagonal() const { return seq_k - seq_q; }
+};
+
 // The key blocks query tile m_block visits: [first, first + count). Blocks wholly outside every row's band
 // are skipped; a tile whose rows see no key at all gets count 0 (its rows output 0, logsumexp -inf).
-static __device__ __forceinline__ void kv_range(int m_block, int& first, int& count) {
+static __device__ __forceinline__ void kv_range(int m_block, Lengths len, int& first, int& count) {
   const int row_lo = m_block * cfg::kBlockM;
-  const int row_hi = min((m_block + 1) * cfg::kBlockM, cfg::kSeqLen) - 1;
-  const int key_lo = cfg::kWindowLeft < 0 ? 0 : max(0, row_lo + cfg::kDiagonal - cfg::kWindowLeft);
-  const int key_hi = cfg::kWindowRight < 0 ? cfg::kSeqLenK - 1
-                                           : min(cfg::kSeqLenK - 1, row_hi + cfg::kDiagonal + cfg::kWindowRight);
+  const int row_hi = min((m_block + 1) * cfg::kBlockM, len.seq_q) - 1;
+  const int key_lo = cfg::kWindowLeft < 0 ? 0 : max(0, row_lo + len.diagonal() - cfg::kWindowLeft);
+  const int key_hi = cfg::kWindowRight < 0 ? len.seq_k - 1
+                                           : min(len.seq_k - 1, row_hi + len.diagonal() + cfg::kWindowRight);
   first = key_lo / cfg::kBlockN;
   count = key_hi < key_lo ? 0 : key_hi / cfg::kBlockN + 1 - first;
 }
 
 // Whether key block j needs the elementwise mask for the 64 rows from q_row0: some key past the end, or
 // some (row, key) outside the band.
-static __device__ __forceinline__ bool straddles(int j, int q_row0) {
+static __device__ __forceinline__ bool straddles(int j, int q_row0, Lengths len) {
   const int k0 = j * cfg::kBlockN, k1 = k0 + cfg::kBlockN - 1;
-  return (cfg::kTailMask && j == cfg::kKvBlocks - 1) ||
-         (cfg::kWindowRight >= 0 && k1 > q_row0 + cfg::kDiagonal + cfg::kWindowRight) ||
-         (cfg::kWindowLeft >= 0 && k0 < q_row0 + cfg::kRowsPerConsumer - 1 + cfg::kDiagonal - cfg::kWindowLeft);
+  return (cfg::kTailMask && k1 >= len.seq_k) ||
+         (cfg::kWindowRight >= 0 && k1 > q_row0 + len.diagonal() + cfg::kWindowRight) ||
+         (cfg::kWindowLeft >= 0 && k0 < q_row0 + cfg::kRowsPerConsumer - 1 + len.diagonal() - cfg::kWindowLeft);
 }
 
-static __device__ __forceinline__ bool masked(int key, int query) {
-  return key >= cfg::kSeqLenK || (cfg::kWindowRight >= 0 && key > query + cfg::kDiagonal + cfg::kWindowRight) ||
-         (cfg::kWindowLeft >= 0 && key < query + cfg::kDiagonal - cfg::kWindowLeft);
+static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
+  return key >= len.seq_k || (cfg::kWindowRight >= 0 && key > query + len.diagonal() + cfg::kWindowRight) ||
+         (cfg::kWindowLeft >= 0 && key < query + len.diagonal() - cfg::kWindowLeft);
 }
 
 
@@ -217,12 +223,15 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   const u32 bars = smem + cfg::kBarOffset;
   const int m_block = blockIdx.x;
   const int head = blockIdx.y, batch = blockIdx.z, head_kv = head / cfg::kGroup;
+  constexpr int q_start = 0, k_start = 0;
+  constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+  const int tma_batch = batch;
   // Broadcast from lane 0 so the compiler knows it is warp-uniform and keeps what derives from it (tile
   // addresses, wgmma descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int tid = threadIdx.x % 128;
   int kv_first, n_kv;
-  kv_range(m_block, kv_first, n_kv);
+  kv_range(m_block, len, kv_first, n_kv);
 
   if (threadIdx.x == 0) {
     mbar_init(bars + 8 * kBarQFull, 1);
@@ -240,17 +249,17 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
     if (tid == 0) {
       mbar_expect_tx(bars + 8 * kBarQFull, 2 * cfg::kQBytes);
       for (int c = 0; c < 2; ++c) {
-        const int row0 = m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
-        tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, batch);
+        const int row0 = q_start + m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
+        tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, tma_batch);
       }
       for (int t = 0; t < n_kv; ++t) {  // t counts ring slots, kv_first + t is the key block
         const int s = t % cfg::kStages;
         if (t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), ((t / cfg::kStages) + 1) & 1);
-        const int row0 = (kv_first + t) * cfg::kBlockN;
+        const int row0 = k_start + (kv_first + t) * cfg::kBlockN;
         mbar_expect_tx(bars + 8 * (kBarKFull + s), cfg::kKBytes);
-        tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head_kv, batch);
+        tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head_kv, tma_batch);
         mbar_expect_tx(bars + 8 * (kBarVFull + s), cfg::kVBytes);
-        tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head_kv, batch);
+        tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head_kv, tma_batch);
       }
     }
     return;
@@ -289,10 +298,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   {
       const int jj = kv_first;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
-      if (straddles(jj, q_row0)) {
+      if (straddles(jj, q_row0, len)) {
 #pragma unroll
         for (int i = 0; i < 64; ++i)
-          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i))) sc[i] = -FLASHGEN_INF;
+          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i), len)) sc[i] = -FLASHGEN_INF;
       }
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
@@ -343,10 +352,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
     {
       const int jj = kv_first + t;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
-      if (straddles(jj, q_row0)) {
+      if (straddles(jj, q_row0, len)) {
 #pragma unroll
         for (int i = 0; i < 64; ++i)
-          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i))) sc[i] = -FLASHGEN_INF;
+          if (masked(jj * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i), len)) sc[i] = -FLASHGEN_INF;
       }
       // The new running max of each row, reduced over the 4 lanes that share a row.
       float new_max[2] = {row_max[0], row_max[1]};
@@ -429,7 +438,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   named_barrier_sync(kEpilogueBarrier + consumer, 128);
   if (tid == 0) {
     const int row0 = q_row0;
-    tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, batch);
+    tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
   }
 
   // logsumexp (natural log) of each real row: m * scale + ln(sum).

@@ -264,6 +264,24 @@ class LinearLayout:
     def is_bijective(self) -> bool:
         return self.is_injective() and self.is_surjective()
 
+    def contiguous_run(self, dim: str, unit: int) -> int:
+        """The largest 2**r such that, for every input, the 2**r values of ``dim`` from a multiple of 2**r land
+        on consecutive ``unit``-sized slots of the flat output: ``dim``'s bit i maps to ``unit << i`` for
+        i < r, and nothing else (other bits, other dims, the offset) touches those low output bits. This is
+        the widest vector a thread may move along ``dim`` (e.g. 8 halves = 16 bytes under a 128 B swizzle)."""
+        log2_exact(unit, "contiguous_run unit")
+        images = self._flat_images[dim]
+        r = 0
+        while r < len(images) and images[r] == unit << r:
+            r += 1
+        while r:
+            low = (unit << r) - 1
+            others = [img for d in self._in for i, img in enumerate(self._flat_images[d]) if d != dim or i >= r]
+            if not any(img & low for img in others + [self._flat_offset]):
+                break
+            r -= 1
+        return 1 << r
+
     def compose(self, inner: "LinearLayout") -> "LinearLayout":
         """``self o inner``: first apply ``inner``, then ``self``. ``inner``'s outputs feed ``self``."""
         if inner.out_dims != self.in_dims:

@@ -124,3 +124,61 @@ def test_not_a_tensor():
     q, k, v = qkv()
     with pytest.raises(InputError, match="torch.Tensor"):
         attention(q.numpy(), k, v)
+
+
+# --- variable-length batches ---------------------------------------------------------------------------------
+
+
+def varlen(lengths=(100, 300), heads=2, dim=64, cu_dtype=torch.int32):
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    t = torch.randn(offsets[-1], heads, dim, dtype=torch.float16)
+    return t, torch.tensor(offsets, dtype=cu_dtype)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t, cu: dict(cu_seqlens_q=cu.long()), "1-D torch.int32"),
+    (lambda t, cu: dict(cu_seqlens_q=cu[None]), "1-D torch.int32"),
+    (lambda t, cu: dict(cu_seqlens_q=cu[:1]), "B \\+ 1 >= 2"),
+    (lambda t, cu: dict(cu_seqlens_q=cu + 1), "from 0 to the packed length 400"),
+    (lambda t, cu: dict(cu_seqlens_q=cu[:-1]), "from 0 to the packed length 400"),
+    (lambda t, cu: dict(cu_seqlens_q=torch.tensor([0, 300, 100, 400], dtype=torch.int32)),
+     "nondecreasing, but sequence 1 has length -200"),
+    (lambda t, cu: dict(cu_seqlens_q=torch.tensor([0, 100, 100, 400], dtype=torch.int32)), "same number of sequences"),
+    (lambda t, cu: dict(cu_seqlens_k=None), "both cu_seqlens_q and cu_seqlens_k"),
+    (lambda t, cu: dict(max_seqlen_k=299), "max_seqlen_k = 299 is shorter than sequence 1 of length 300"),
+    (lambda t, cu: dict(layout="bhsd"), "packed \\(total, H, D\\)"),
+    (lambda t, cu: dict(cu_seqlens_q=cu[::2].contiguous()[:2] * 0), "from 0 to the packed length"),
+])
+def test_varlen_bad_offsets(change, message):
+    t, cu = varlen()
+    kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    kwargs.update(change(t, cu))
+    with pytest.raises(InputError, match=message):
+        attention(t, t, t, **kwargs)
+
+
+def test_varlen_needs_packed_rank_3():
+    t, cu = varlen()
+    with pytest.raises(InputError, match="rank 3 \\(total, H, D\\)"):
+        attention(t[None], t[None], t[None], cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_max_seqlen_without_offsets():
+    q, k, v = qkv()
+    with pytest.raises(InputError, match="pass cu_seqlens_q and cu_seqlens_k too"):
+        attention(q, k, v, max_seqlen_q=128)
+
+
+def test_valid_varlen_reaches_the_device_check():
+    # Everything about the batch is accepted; only the CPU device is refused, after the spec resolved.
+    t, cu = varlen((1, 1000, 0, 37))
+    with pytest.raises(InputError, match="run on a CUDA device"):
+        attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+
+
+def test_varlen_kernels_are_shared_across_max_lengths():
+    from codegen.api import _length_bucket
+
+    assert [_length_bucket(n) for n in (1, 128, 129, 1000, 1024, 1025)] == [128, 128, 256, 1024, 1024, 2048]

@@ -26,7 +26,10 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
            [KernelSpec(seq_len=1000, heads=8, head_dim=d, seq_len_k=300, kv_heads=1, causal=True) for d in SPLITS] + \
            [KernelSpec(seq_len=2000, heads=8, head_dim=d, window=(256, 64), softcap=30.0) for d in SPLITS] + \
            [KernelSpec(seq_len=777, heads=8, head_dim=d, window=(128, -1), causal=True, softcap=50.0, dtype="bf16")
-            for d in SPLITS]
+            for d in SPLITS] + \
+           [KernelSpec(seq_len=4096, heads=8, head_dim=d, varlen=True, causal=c, dtype=dt, kv_heads=2)
+            for d in SPLITS for c, dt in ((False, "f16"), (True, "bf16"))] + \
+           [KernelSpec(seq_len=1024, heads=8, head_dim=128, varlen=True, seq_len_k=2048, window=(64, 32), softcap=25.0)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -186,9 +189,25 @@ def test_gen_cli_run_without_a_gpu_says_so(tmp_path, capsys):
     assert "--run needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_gen_cli_refuses_varlen_with_a_reason(capsys):
-    assert gen.main(["--shape", "128,2,64", "--varlen"]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+def test_gen_cli_emits_a_varlen_kernel(tmp_path, capsys):
+    assert gen.main(["--shape", "4096,8,128", "--varlen", "--causal", "--out", str(tmp_path)]) == 0
+    (source,) = tmp_path.glob("*_varlen.cu")
+    text = source.read_text()
+    assert "cu_seqlens_q[batch + 1]" in text and "copy_shared_to_global(" in text
+    assert gen.main(["--shape", "4096,8,128", "--varlen", "--out", str(tmp_path), "--export", str(tmp_path / "b")]) == 2
+    assert "varlen launcher" in capsys.readouterr().err
+
+
+def test_varlen_tail_store_moves_whole_contiguous_runs():
+    """The partial-tile store copies 16 bytes at a time; that is only right because the O staging layout keeps
+    8 consecutive head-dim elements in consecutive bytes (128-byte swizzle: 16-byte units)."""
+    for d in (64, 128, 256):
+        plan = make_plan(KernelSpec(seq_len=1024, heads=2, head_dim=d, varlen=True))
+        assert plan.o.layout.contiguous_run("n", 2) == 8 and plan.o_vector_elems == 8
+        for m in (0, 5, 63):
+            for n in range(0, d, 8):
+                base = int(plan.o.layout(m=m, n=n))
+                assert [int(plan.o.layout(m=m, n=n + i)) for i in range(8)] == [base + 2 * i for i in range(8)]
 
 
 def test_derivations_are_shared_across_plans():

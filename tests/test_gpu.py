@@ -176,3 +176,78 @@ def test_softcap(causal):
 @pytest.mark.parametrize("head_dim", (64, 256))
 def test_every_option_together(head_dim):
     run_coverage(2, 700, 900, 8, 2, head_dim, causal=True, window=(256, -1), softcap=20.0, scale_inputs=2.0)
+
+
+# --- variable-length batches (cu_seqlens) ------------------------------------------------------------------
+
+
+def packed(lengths, heads, head_dim, dt, scale_inputs=1.0):
+    """A packed (total, heads, head_dim) tensor of the given sequence lengths and its int32 offsets."""
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    return torch.randn(sum(lengths), heads, head_dim, device="cuda", dtype=dt) * scale_inputs, offsets
+
+
+def run_varlen(q_lens, k_lens, heads, kv_heads, head_dim, dtype="bf16", scale_inputs=1.0, max_seqlens=(None, None),
+               **options):
+    dt = DTYPES[dtype]
+    q, cu_q = packed(q_lens, heads, head_dim, dt, scale_inputs)
+    k, cu_k = packed(k_lens, kv_heads, head_dim, dt, scale_inputs)
+    v, _ = packed(k_lens, kv_heads, head_dim, dt)
+    call = prepare(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_seqlens[0],
+                   max_seqlen_k=max_seqlens[1], **options)
+    assert call.o.shape == q.shape and call.lse.shape == (heads, q.shape[0])
+    call.o.fill_(float("nan"))
+    call.lse.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    assert not torch.isnan(call.o).any() and not torch.isnan(call.lse).any(), "unwritten outputs"
+    ref_o, ref_lse = check.reference_varlen(q, k, v, cu_q, cu_k, **options)
+    err = check.rel_err(call.o, ref_o)
+    yardstick = check.rel_err(check.same_dtype_output_varlen(q, k, v, cu_q, cu_k, **options), ref_o)
+    assert err <= max(2 * yardstick, TINY), f"rel err {err:.3e} > 2 x same-dtype PyTorch's {yardstick:.3e}"
+    # Each sequence on its own too: a tile that spilled into its neighbour would show here even when the
+    # whole-batch error is small.
+    for i, (rows, _) in enumerate(check.sequences(cu_q, cu_k)):
+        if rows.stop > rows.start and ref_o[rows].norm() > 0:
+            seq_err = check.rel_err(call.o[rows], ref_o[rows])
+            assert seq_err <= max(4 * yardstick, 1e-2), f"sequence {i}: rel err {seq_err:.3e}"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(call.lse), empty), "fully masked rows differ"
+    assert (call.o.transpose(0, 1)[empty] == 0).all(), "a fully masked row is not 0"
+    if (~empty).any():
+        assert check.rel_err(call.lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
+    return call
+
+
+# Lengths around the 128-row query tile and the key block, a sequence shorter than one tile's consumer half,
+# and empty sequences on either side.
+RAGGED = [1, 127, 128, 129, 300, 1000, 64, 65, 0, 513]
+
+
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("dtype", ("f16", "bf16"))
+def test_varlen(head_dim, causal, dtype):
+    run_varlen(RAGGED, RAGGED, 8, 8, head_dim, dtype=dtype, causal=causal)
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_varlen_separate_key_lengths_and_gqa(causal):
+    # Keys longer and shorter than queries (bottom-right per sequence), one sequence with no keys at all.
+    run_varlen([100, 700, 128, 5, 0, 260], [300, 200, 128, 0, 7, 1000], 16, 4, 128, causal=causal)
+
+
+def test_varlen_window_and_softcap():
+    run_varlen(RAGGED, RAGGED, 4, 2, 128, causal=True, window=(96, -1), softcap=20.0, scale_inputs=2.0)
+
+
+def test_varlen_max_seqlen_larger_than_needed():
+    call = run_varlen([200, 50], [200, 50], 2, 2, 64, max_seqlens=(1000, 1000))
+    assert call.grid[0] == 8  # ceil(1000 / 128) tiles, the unused ones leave at once
+    assert "s1024" in call.spec.name
+
+
+def test_varlen_short_max_seqlen_is_refused():
+    q, cu = packed([100, 300], 2, 64, torch.float16)
+    with pytest.raises(InputError, match="shorter than sequence 1 of length 300"):
+        prepare(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=256)
