@@ -93,11 +93,12 @@ class PreparedAttention:
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
-            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, cu_seqlens_q=None,
+            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool = False,
+            cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages and pingpong are the tuning knobs of KernelSpec; the defaults are the measured
+    pv_split, block_n, stages, pingpong and persistent are the tuning knobs of KernelSpec; the defaults are the measured
     choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are copied to the host
     once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
@@ -122,7 +123,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
                                   dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ()),
                                   block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.spec_seq_k,
                                   kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
-                                  softcap=float(softcap), varlen=varlen))
+                                  softcap=float(softcap), varlen=varlen, persistent=persistent))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)
@@ -154,8 +155,13 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     if varlen:
         e = o.element_size()
         runtime += [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), o.data_ptr(), o.stride(0) * e, o.stride(1) * e]
+    max_seqlen = shape.max_seq_q if varlen else None
+    sms = 0
+    if spec.persistent:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        runtime += [driver.I32(plan.tiles_m(max_seqlen)), driver.I32(shape.batch)]
     args = driver.pack_args(maps + runtime + [float(scale * LOG2E)])
-    grid = plan.grid(shape.batch, max_seqlen_q=shape.max_seq_q if varlen else None)
+    grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
     keep_alive = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
     return PreparedAttention(built, kernel, args, grid, o, lse, q.device, keep_alive)
 

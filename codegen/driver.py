@@ -99,8 +99,12 @@ class PackedArgs:
         return ctypes.addressof(self.pointers)
 
 
+class I32(int):
+    """A kernel parameter of C type int; a plain Python int is passed as 64 bits (a pointer, a long long)."""
+
+
 def pack_args(args: list) -> PackedArgs:
-    """`args` in the kernel's parameter order: bytes (a tensor map), int (a pointer), float."""
+    """`args` in the kernel's parameter order: bytes (a tensor map), I32, int (a pointer or long long), float."""
     holders = []
     for arg in args:
         if isinstance(arg, bytes):
@@ -108,6 +112,10 @@ def pack_args(args: list) -> PackedArgs:
             ctypes.memmove(ctypes.addressof(holder), arg, TENSOR_MAP_BYTES)
         elif isinstance(arg, float):
             holder = ctypes.c_float(arg)
+        elif isinstance(arg, I32):
+            if not -2**31 <= arg < 2**31:
+                raise ValueError(f"{int(arg)} does not fit a 32-bit kernel parameter")
+            holder = ctypes.c_int32(arg)
         elif isinstance(arg, int):
             holder = ctypes.c_uint64(arg)
         else:

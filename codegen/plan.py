@@ -152,12 +152,15 @@ class Plan:
             offset = _align(offset, derivation.smem_align)
             placed[name] = (offset, derivation.smem_bytes)
             offset += count * derivation.smem_bytes
-        barriers = 1 + 3 * s.stages
+        barriers = 1 + 3 * s.stages + (1 if s.persistent else 0)  # Q full, K full, V full, K/V empty[, Q empty]
         bar_offset = _align(offset, 8)
         total = bar_offset + 8 * barriers + SMEM_ALIGN_SLACK
         if total > SMEM_LIMIT:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; "
                             "use fewer stages or a smaller block_n")
+        if s.persistent and 2 * self.o.smem_bytes > self.v.smem_bytes:
+            raise SpecError(f"a persistent kernel stages both consumers' O tiles ({self.o.smem_bytes} bytes each) in "
+                            f"a V slot of {self.v.smem_bytes} bytes; use block_n 128")
         for name, (off, nbytes) in placed.items():
             derivation = getattr(self, name)
             assert off % derivation.smem_align == 0 and nbytes % derivation.smem_align == 0, name
@@ -165,10 +168,18 @@ class Plan:
                        k_bytes=placed["k"][1], v_offset=placed["v"][0], v_bytes=placed["v"][1],
                        bar_offset=bar_offset, barriers=barriers, total=total)
 
-    def grid(self, batch: int, max_seqlen_q: int | None = None) -> tuple[int, int, int]:
-        """One CTA per query tile, head and sequence; a varlen batch passes its longest query sequence."""
-        m_blocks = self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // self.spec.block_m)
-        return (m_blocks, self.spec.heads, batch)
+    def tiles_m(self, max_seqlen_q: int | None = None) -> int:
+        """Query tiles per (head, sequence); a varlen batch passes its longest query sequence."""
+        return self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // self.spec.block_m)
+
+    def grid(self, batch: int, max_seqlen_q: int | None = None, sms: int = 0) -> tuple[int, int, int]:
+        """One CTA per query tile, head and sequence; a persistent kernel runs one CTA per SM (`sms`) at most."""
+        tiles_m = self.tiles_m(max_seqlen_q)
+        if self.spec.persistent:
+            if sms < 1:
+                raise ValueError("a persistent kernel's grid needs the device's SM count")
+            return (min(tiles_m * self.spec.heads * batch, sms), 1, 1)
+        return (tiles_m, self.spec.heads, batch)
 
     @property
     def o_vector_elems(self) -> int:
@@ -212,6 +223,7 @@ class Plan:
             # A varlen sequence's length is known only at run time, so its last key block may always be partial.
             "tail_mask": s.varlen or s.keys % s.block_n != 0,
             "varlen": s.varlen and not probe,
+            "persistent": s.persistent and not probe,
             "o_vector_elems": self.o_vector_elems if s.varlen else 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,

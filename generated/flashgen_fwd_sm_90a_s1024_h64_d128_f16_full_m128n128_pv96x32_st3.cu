@@ -41,6 +41,10 @@ static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 static __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(bar) : "memory");
 }
+// Counts as `count` arrivals (PTX ISA 7.8, sm_90).
+static __device__ __forceinline__ void mbar_arrive_count(u32 bar, u32 count) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], %1; }" :: "r"(bar), "r"(count) : "memory");
+}
 static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   u32 done;
   do {
@@ -152,7 +156,6 @@ constexpr int kGroup = 1;  // query heads per K/V head
 // [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
 constexpr int kWindowLeft = -1, kWindowRight = -1;
 constexpr bool kTailMask = false;
-constexpr bool kVarlen = false;
 constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
 constexpr u32 kVOffset = 131072, kVBytes = 32768;
@@ -167,7 +170,8 @@ __device__ constexpr u64 kVDesc[8] = {0x4000004004000000ull, 0x4000004004000080u
 enum : u32 { kEpilogueBarrier = 1, kTurnBarrier = 3 };
 
 // Barrier slots, 8 bytes each, after the tiles.
-enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKvEmpty = 1 + 2 * cfg::kStages };
+enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKvEmpty = 1 + 2 * cfg::kStages,
+             kBarQEmpty = 1 + 3 * cfg::kStages };
 
 // S = Q K^T over the head dim (8 k-slices), committed as one wgmma group.
 static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 k_tile) {
@@ -212,6 +216,7 @@ static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
 }
 
 
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
               const __grid_constant__ TmaDesc tmap_v, const __grid_constant__ TmaDesc tmap_o,
@@ -221,17 +226,11 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   // Swizzled tiles need 1024-byte alignment (layouts/ derives it; the plan aligns every offset below).
   const u32 smem = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const u32 bars = smem + cfg::kBarOffset;
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z, head_kv = head / cfg::kGroup;
-  constexpr int q_start = 0, k_start = 0;
-  constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
-  const int tma_batch = batch;
   // Broadcast from lane 0 so the compiler knows it is warp-uniform and keeps what derives from it (tile
   // addresses, wgmma descriptors) in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int tid = threadIdx.x % 128;
-  int kv_first, n_kv;
-  kv_range(m_block, len, kv_first, n_kv);
+  [[maybe_unused]] constexpr int ring = 0, done = 0;
 
   if (threadIdx.x == 0) {
     mbar_init(bars + 8 * kBarQFull, 1);
@@ -247,20 +246,36 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   if (warpgroup == 0) {
     regs_dec<24>();
     if (tid == 0) {
-      mbar_expect_tx(bars + 8 * kBarQFull, 2 * cfg::kQBytes);
-      for (int c = 0; c < 2; ++c) {
-        const int row0 = q_start + m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
-        tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, tma_batch);
-      }
-      for (int t = 0; t < n_kv; ++t) {  // t counts ring slots, kv_first + t is the key block
-        const int s = t % cfg::kStages;
-        if (t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), ((t / cfg::kStages) + 1) & 1);
+    
+  {
+    const int m_block = blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    int kv_first, n_kv;
+    kv_range(m_block, len, kv_first, n_kv);
+      auto load_q = [&]() {
+        mbar_expect_tx(bars + 8 * kBarQFull, 2 * cfg::kQBytes);
+        for (int c = 0; c < 2; ++c) {
+          const int row0 = q_start + m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
+          tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, tma_batch);
+        }
+      };
+      auto load_kv = [&](int t) {  // the tile's t-th key block, kv_first + t, into ring position ring + t
+        const int s = ((ring + t) % cfg::kStages);
+        if (ring + t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), (((ring + t) / cfg::kStages) & 1) ^ 1);
         const int row0 = k_start + (kv_first + t) * cfg::kBlockN;
         mbar_expect_tx(bars + 8 * (kBarKFull + s), cfg::kKBytes);
         tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head_kv, tma_batch);
         mbar_expect_tx(bars + 8 * (kBarVFull + s), cfg::kVBytes);
         tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head_kv, tma_batch);
-      }
+      };
+      load_q();
+      for (int t = 0; t < n_kv; ++t) load_kv(t);
+    
+  }
     }
     return;
   }
@@ -271,6 +286,20 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   const u32 q_tile = smem + cfg::kQOffset + consumer * cfg::kQBytes;
   // Rows of this thread's two accumulator row-halves, relative to the consumer's tile.
   const int row_lo = acc_row(warp, lane, 0), row_hi = acc_row(warp, lane, 2);
+  // Consumer 0 takes the first turn. Consumer 1's last pass_turn is then never matched by a sync; the CTA
+  // exits with that one arrival pending, which is harmless. (Both consumers take the same number of turns
+  // per tile, so across a persistent CTA's tiles the turns keep alternating.)
+  if (consumer == 1) named_barrier_arrive(kTurnBarrier, 256);
+
+  {
+    const int m_block = blockIdx.x;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    int kv_first, n_kv;
+    kv_range(m_block, len, kv_first, n_kv);
   const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
 
   float o[64];
@@ -279,22 +308,20 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   float row_max[2] = {-FLASHGEN_INF, -FLASHGEN_INF};
   float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; reduced over the quad at the end
 
-  mbar_wait(bars + 8 * kBarQFull, 0);
+  mbar_wait(bars + 8 * kBarQFull, done & 1);
 
   float sc[64];  // S of the current key block, then its exponentials
   u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV
 
   float alpha[2];
   if (n_kv > 0) {
-  // Consumer 0 takes the first turn. Consumer 1's last pass_turn is then never matched by a sync; the CTA
-  // exits with that one arrival pending, which is harmless.
-  if (consumer == 1) named_barrier_arrive(kTurnBarrier, 256);
   // The first key block: S, softmax, P. No O to rescale yet.
   named_barrier_sync(kTurnBarrier + consumer, 256);
-  mbar_wait(bars + 8 * kBarKFull, 0);
-  issue_qk(sc, q_tile, smem + cfg::kKOffset);
+  mbar_wait(bars + 8 * (kBarKFull + ((ring + 0) % cfg::kStages)), (((ring + 0) / cfg::kStages) & 1));
+  issue_qk(sc, q_tile, smem + cfg::kKOffset + ((ring + 0) % cfg::kStages) * cfg::kKBytes);
   named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
   wgmma_wait<0>();
+  
   {
       const int jj = kv_first;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
@@ -330,12 +357,12 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
   // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the
   // softmax of block j runs while PV(j-1) does.
 #pragma unroll 1
-  for (int t = 1; t < n_kv; ++t) {  // t counts ring slots, kv_first + t is the key block
-    const int s = t % cfg::kStages, s_prev = (t - 1) % cfg::kStages;
+  for (int t = 1; t < n_kv; ++t) {  // kv_first + t is the key block, ring + t its ring position
+    const int s = ((ring + t) % cfg::kStages), s_prev = ((ring + t - 1) % cfg::kStages);
     named_barrier_sync(kTurnBarrier + consumer, 256);
-    mbar_wait(bars + 8 * (kBarKFull + s), (t / cfg::kStages) & 1);
+    mbar_wait(bars + 8 * (kBarKFull + s), (((ring + t) / cfg::kStages) & 1));
     issue_qk(sc, q_tile, smem + cfg::kKOffset + s * cfg::kKBytes);
-    mbar_wait(bars + 8 * (kBarVFull + s_prev), ((t - 1) / cfg::kStages) & 1);
+    mbar_wait(bars + 8 * (kBarVFull + s_prev), (((ring + t - 1) / cfg::kStages) & 1));
     
     wgmma_fence();
 #pragma unroll
@@ -349,6 +376,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
     wgmma_commit();
     named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
     wgmma_wait<2>();  // QK(j) is done; the PV(j-1) chunks may still run
+    
     {
       const int jj = kv_first + t;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
@@ -393,9 +421,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
 
   // The last block's PV.
   {
-    const int s_last = (n_kv - 1) % cfg::kStages;
+    const int s_last = ((ring + n_kv - 1) % cfg::kStages);
     named_barrier_sync(kTurnBarrier + consumer, 256);
-    mbar_wait(bars + 8 * (kBarVFull + s_last), ((n_kv - 1) / cfg::kStages) & 1);
+    mbar_wait(bars + 8 * (kBarVFull + s_last), (((ring + n_kv - 1) / cfg::kStages) & 1));
     
     wgmma_fence();
 #pragma unroll
@@ -424,10 +452,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
     inv_sum[h] = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
   }
 
-  // Stage O in this consumer's Q tile: every wgmma that read it has completed.
   // Recomputed rather than kept live across the main loop, where D=256 needs every register.
-  const u32 o_tile = ((fresh_smem_addr(smem_raw) + 1023u) & ~1023u) + cfg::kQOffset +
-                     consumer * cfg::kQBytes;
+  const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+  // Stage O in this consumer's Q tile: every wgmma that read it has completed.
+  const u32 o_tile = smem_base + cfg::kQOffset + consumer * cfg::kQBytes;
 #pragma unroll
   for (int i = 0; i < 64; i += 2) {
     const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
@@ -453,6 +481,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3(const __grid_co
             row_sum[h] > 0.f ? (row_max[h] * scale_log2 + __log2f(row_sum[h])) * ln2 : -FLASHGEN_INF;
     }
   }
-  if (tid == 0) tma_store_drain();
 
+
+  }
+  if (tid == 0) tma_store_drain();
 }

@@ -122,12 +122,12 @@ def test_misaligned_cuda_pointer_is_refused():
 
 
 def run_coverage(batch, seq_q, seq_k, heads, kv_heads, head_dim, dtype="bf16", causal=False, window=None,
-                 softcap=0.0, scale_inputs=1.0):
+                 softcap=0.0, scale_inputs=1.0, tuning=None):
     dt = DTYPES[dtype]
     q = torch.randn(batch, seq_q, heads, head_dim, device="cuda", dtype=dt) * scale_inputs
     k = torch.randn(batch, seq_k, kv_heads, head_dim, device="cuda", dtype=dt) * scale_inputs
     v = torch.randn(batch, seq_k, kv_heads, head_dim, device="cuda", dtype=dt)
-    call = prepare(q, k, v, causal=causal, window=window, softcap=softcap)
+    call = prepare(q, k, v, causal=causal, window=window, softcap=softcap, **(tuning or {}))
     call.o.fill_(float("nan"))
     call.lse.fill_(float("nan"))
     call()
@@ -188,13 +188,13 @@ def packed(lengths, heads, head_dim, dt, scale_inputs=1.0):
 
 
 def run_varlen(q_lens, k_lens, heads, kv_heads, head_dim, dtype="bf16", scale_inputs=1.0, max_seqlens=(None, None),
-               **options):
+               tuning=None, **options):
     dt = DTYPES[dtype]
     q, cu_q = packed(q_lens, heads, head_dim, dt, scale_inputs)
     k, cu_k = packed(k_lens, kv_heads, head_dim, dt, scale_inputs)
     v, _ = packed(k_lens, kv_heads, head_dim, dt)
     call = prepare(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_seqlens[0],
-                   max_seqlen_k=max_seqlens[1], **options)
+                   max_seqlen_k=max_seqlens[1], **(tuning or {}), **options)
     assert call.o.shape == q.shape and call.lse.shape == (heads, q.shape[0])
     call.o.fill_(float("nan"))
     call.lse.fill_(float("nan"))
@@ -251,3 +251,34 @@ def test_varlen_short_max_seqlen_is_refused():
     q, cu = packed([100, 300], 2, 64, torch.float16)
     with pytest.raises(InputError, match="shorter than sequence 1 of length 300"):
         prepare(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=256)
+
+
+# --- persistent CTAs: one per SM, looping over tiles ---------------------------------------------------------
+
+PERSISTENT = {"persistent": True}
+
+
+@pytest.mark.parametrize("seq", (100, 1000, 4096))
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_persistent(seq, causal, head_dim):
+    # 3 x 16 heads x up to 32 tiles: most CTAs run several tiles, and ring positions carry across them.
+    run_coverage(3, seq, seq, 16, 16, head_dim, causal=causal, tuning=PERSISTENT)
+
+
+def test_persistent_grid_is_one_cta_per_sm():
+    q = torch.randn(2, 1000, 16, 128, device="cuda", dtype=torch.float16)
+    call = prepare(q, q, q, persistent=True)
+    assert call.grid == (torch.cuda.get_device_properties(0).multi_processor_count, 1, 1)
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_persistent_with_every_option(causal):
+    run_coverage(2, 700, 900, 8, 2, 128, causal=causal, window=(256, -1), softcap=20.0, scale_inputs=2.0,
+                 tuning=PERSISTENT)
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_persistent_varlen(causal):
+    # Tiles past a short sequence are skipped by producer and consumers alike.
+    run_varlen(RAGGED * 3, RAGGED * 3, 8, 2, 128, causal=causal, tuning=PERSISTENT)

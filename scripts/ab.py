@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A/B of flashgen tuning knobs against cuDNN, every variant and cuDNN timed in the same run.
+
+    PYTHONPATH=. python3 scripts/ab.py --matrix default --variant base: --variant persist:persistent=1
+    PYTHONPATH=. python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
+
+A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
+pingpong, persistent); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
+the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
+measurement (codegen/bench.py), so the numbers are comparable with `gen.py bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+from codegen import bench
+from codegen.spec import parse_split
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, knobs = text.partition(":")
+    if not name:
+        raise SystemExit(f"--variant {text!r}: expected NAME:KNOB=VALUE,...")
+    kwargs = {}
+    for item in filter(None, knobs.split(",")):
+        key, _, value = item.partition("=")
+        if key == "pv_split":
+            kwargs[key] = parse_split(value)
+        elif key in ("pingpong", "persistent"):
+            kwargs[key] = value.lower() in ("1", "true", "yes")
+        elif key in ("block_n", "stages"):
+            kwargs[key] = int(value)
+        else:
+            raise SystemExit(f"--variant {text!r}: unknown knob {key!r}")
+    return name, kwargs
+
+
+def flashgen_peer(name: str, kwargs: dict) -> bench.Peer:
+    def make(torch, inputs, case):
+        from codegen.api import prepare
+
+        return [prepare(q, k, v, causal=case.causal, **kwargs).__call__ for q, k, v in inputs.sets]
+
+    return bench.Peer(name, make)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--matrix", choices=sorted(bench.MATRICES))
+    parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]")
+    parser.add_argument("--dtype", default="bf16", choices=("f16", "bf16"))
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME:KNOB=VALUE,...")
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    cases = list(bench.MATRICES[args.matrix]) if args.matrix else []
+    cases += [bench.case_from(bench.parse_shape(s), args.dtype, args.causal) for s in args.shape]
+    if not cases:
+        raise SystemExit("give --matrix or --shape")
+    variants = [parse_variant(v) for v in args.variant]
+    config = bench.BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
+                               warmup=args.warmup, seed=0, out=None, command="ab")
+    torch.manual_seed(0)
+    table = []
+    for case in cases:
+        inputs = bench.make_inputs(torch, case)
+        cudnn = bench.measure(torch, bench.PEERS["cudnn"], None, case, inputs, config)
+        line = {"shape": case.label, "cudnn_ms": cudnn.ms}
+        for name, kwargs in variants:
+            row = bench.measure(torch, flashgen_peer(name, kwargs), None, case, inputs, config)
+            line[name] = (cudnn.ms / row.ms) if row.ms and cudnn.ms else None
+            line[name + "_err"] = row.rel_err if row.ms else row.error
+        print(json.dumps(line), flush=True)
+        table.append(line)
+        del inputs
+        torch.cuda.empty_cache()
+
+    names = [n for n, _ in variants]
+    print("\nratio to cuDNN, same run (> 1 is faster)")
+    print(f"{'shape':34s} {'cuDNN ms':>9s} " + " ".join(f"{n:>10s}" for n in names))
+    for line in table:
+        cells = " ".join(f"{line[n]:10.3f}" if isinstance(line[n], float) else f"{'-':>10s}" for n in names)
+        print(f"{line['shape']:34s} {line['cudnn_ms'] or 0:9.4f} {cells}")
+    geo = [bench.geomean(line[n] for line in table if isinstance(line[n], float)) for n in names]
+    print(f"{'geomean':34s} {'':9s} " + " ".join(f"{g:10.3f}" if g else f"{'-':>10s}" for g in geo))
+    out = os.environ.get("OUT")
+    if out:
+        pathlib.Path(out, "ab.json").write_text(json.dumps(table, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
