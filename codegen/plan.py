@@ -158,9 +158,9 @@ class Plan:
         if total > SMEM_LIMIT:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; "
                             "use fewer stages or a smaller block_n")
-        if s.persistent and 2 * self.o.smem_bytes > self.v.smem_bytes:
+        if s.persistent and (2 * self.o.smem_bytes > self.k.smem_bytes or self.o.smem_align > self.k.smem_align):
             raise SpecError(f"a persistent kernel stages both consumers' O tiles ({self.o.smem_bytes} bytes each) in "
-                            f"a V slot of {self.v.smem_bytes} bytes; use block_n 128")
+                            f"a K slot of {self.k.smem_bytes} bytes; use block_n 128")
         for name, (off, nbytes) in placed.items():
             derivation = getattr(self, name)
             assert off % derivation.smem_align == 0 and nbytes % derivation.smem_align == 0, name
