@@ -18,7 +18,7 @@ import layouts
 from layouts import fragments
 from layouts.derive import to_c
 
-from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
+from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
 # Tile choices per head dim (bench/LOG.md has the measurements):
 #   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
@@ -41,6 +41,15 @@ MAX_STAGES = 4
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
 # v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
+# Persistent CTAs (one per SM, looping over tiles; bench/LOG.md v7) where every tile does the same work: the
+# next tile's loads hide under this one's epilogue. Non-causal, same run: seed 0.941x -> 1.019x cuDNN,
+# (8,512,32,128) 0.870x -> 1.004x, (16,1024,32,64) 0.927x -> 0.978x, long sequences +1%. Causal tiles differ in
+# length and a static tile order balances them worse than the hardware's block scheduler: (1,16384,16,128)
+# causal 1.088x -> 0.768x. So: on unless a right bound moves with the query (causal, a right window).
+def persistent_by_default(spec: KernelSpec) -> bool:
+    return spec.head_dim <= PERSISTENT_MAX_HEAD_DIM and spec.block_n >= 128 and not spec.causal and spec.window[1] < 0
+
+
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
 
@@ -55,6 +64,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     window = tuple(-1 if w >= spec.seq_len + spec.keys else w for w in spec.window)
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=spec.keys,
                         kv_heads=spec.kv_heads or spec.heads, window=window)
+    if spec.persistent is None:
+        spec = spec.replace(persistent=persistent_by_default(spec))
     if not spec.stages:
         fitting = [n for n in range(2, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
         spec = spec.replace(stages=max(fitting, default=2))  # if none fits, the shared-memory error says so

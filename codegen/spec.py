@@ -44,8 +44,9 @@ class KernelSpec:
     # Variable-length batch: packed (total, H, D) tensors cut by cu_seqlens at run time; seq_len and seq_len_k
     # are then the longest sequence the kernel accepts, not the length of every sequence.
     varlen: bool = False
-    # One CTA per SM looping over query tiles, so a tile's epilogue overlaps the next tile's K/V loads.
-    persistent: bool = False
+    # One CTA per SM looping over query tiles, so a tile's epilogue overlaps the next tile's loads.
+    # None: codegen.plan decides (measured: on where every tile does the same work).
+    persistent: bool | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
@@ -76,9 +77,10 @@ class KernelSpec:
         _require(len(self.window) == 2 and all(isinstance(w, int) and -1 <= w < 2**31 for w in self.window),
                  f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
         _require(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
-        _require(isinstance(self.persistent, bool), f"persistent must be True or False, got {self.persistent!r}")
+        _require(self.persistent in (None, True, False),
+                 f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
         # The tile loop's few extra live values spill at D=256, where O alone is 128 registers per thread.
-        _require(not (self.persistent and self.head_dim > PERSISTENT_MAX_HEAD_DIM),
+        _require(not (self.persistent is True and self.head_dim > PERSISTENT_MAX_HEAD_DIM),
                  f"persistent kernels go up to head_dim {PERSISTENT_MAX_HEAD_DIM} (at {self.head_dim} the tile loop "
                  "spills registers)")
         _require(isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0,
@@ -114,7 +116,7 @@ class KernelSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
-                + ("_persist" if self.persistent else ""))
+                + ("_persist" if self.persistent is True else ""))
 
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)

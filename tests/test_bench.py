@@ -402,7 +402,8 @@ def test_chunked_reference_matches_the_whole_one():
         whole = reference(q, k, v, causal=causal)
         one_head_at_a_time = reference(q, k, v, causal=causal, max_score_bytes=48 * 48 * 8)
         for a, b in zip(whole, one_head_at_a_time):
-            assert torch.allclose(a, b, rtol=0, atol=1e-12)
+            # Float64 sums in another order (threaded BLAS) may differ in the last bits; a wrong chunk is off by O(1).
+            assert torch.allclose(a, b, rtol=0, atol=1e-9)
 
 
 def _cpu_inputs(torch, case: Case, count: int = 2) -> bench.Inputs:
