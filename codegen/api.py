@@ -157,12 +157,16 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         runtime += [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), o.data_ptr(), o.stride(0) * e, o.stride(1) * e]
     max_seqlen = shape.max_seq_q if varlen else None
     sms = 0
+    counter = None
     if spec.persistent:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        runtime += [driver.I32(plan.tiles_m(max_seqlen)), driver.I32(shape.batch)]
+        # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
+        # so two prepared calls may run at once on different streams (one call must not overlap itself).
+        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+        runtime += [counter.data_ptr(), driver.I32(plan.tiles_m(max_seqlen)), driver.I32(shape.batch)]
     args = driver.pack_args(maps + runtime + [float(scale * LOG2E)])
     grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
-    keep_alive = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
+    keep_alive = ((cu_seqlens_q, cu_seqlens_k) if varlen else ()) + ((counter,) if counter is not None else ())
     return PreparedAttention(built, kernel, args, grid, o, lse, q.device, keep_alive)
 
 

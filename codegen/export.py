@@ -67,6 +67,7 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         "smem_bytes": plan.smem.total,
         "threads": plan.threads,
         "grid_x": plan.m_blocks,
+        "persistent": plan.spec.persistent,
         "tolerance": _EXAMPLE_TOLERANCE[plan.spec.dtype],
     }
     env = environment()

@@ -37,6 +37,9 @@ SMEM_ALIGN_SLACK = 1024
 # A deeper K/V ring hides more load latency (2 -> 3 stages: 0.85x -> 1.04x cuDNN at the seed shape, bench/LOG.md
 # v3). Four fit at D=64, three at D=128, two at D=256.
 MAX_STAGES = 4
+# The persistent producer's loop state does not fit its 24 registers next to a 4-deep ring (ptxas spills at
+# D=64); 3 stages measured the same as 4 at D=64 (v4 A/B).
+PERSISTENT_MAX_STAGES = 3
 # Skip O's rescale when no row max grew (a warp vote per key block). Worth it where O is large; at D=64 the
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
 # v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
@@ -67,7 +70,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.persistent is None:
         spec = spec.replace(persistent=persistent_by_default(spec))
     if not spec.stages:
-        fitting = [n for n in range(2, MAX_STAGES + 1) if _fits(Plan(spec.replace(stages=n)))]
+        deepest = PERSISTENT_MAX_STAGES if spec.persistent else MAX_STAGES
+        fitting = [n for n in range(2, deepest + 1) if _fits(Plan(spec.replace(stages=n)))]
         spec = spec.replace(stages=max(fitting, default=2))  # if none fits, the shared-memory error says so
     return spec
 
@@ -89,6 +93,7 @@ class SmemMap:
     v_bytes: int
     bar_offset: int
     barriers: int
+    tile_slot_offset: int  # persistent: two 4-byte tile indices after the barriers
     total: int  # dynamic shared memory to request, alignment slack included
 
 
@@ -165,7 +170,8 @@ class Plan:
             offset += count * derivation.smem_bytes
         barriers = 1 + 3 * s.stages + (1 if s.persistent else 0)  # Q full, K full, V full, K/V empty[, Q empty]
         bar_offset = _align(offset, 8)
-        total = bar_offset + 8 * barriers + SMEM_ALIGN_SLACK
+        tile_slot_offset = bar_offset + 8 * barriers
+        total = tile_slot_offset + (8 if s.persistent else 0) + SMEM_ALIGN_SLACK
         if total > SMEM_LIMIT:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; "
                             "use fewer stages or a smaller block_n")
@@ -177,7 +183,7 @@ class Plan:
             assert off % derivation.smem_align == 0 and nbytes % derivation.smem_align == 0, name
         return SmemMap(q_offset=placed["q"][0], q_bytes=placed["q"][1], k_offset=placed["k"][0],
                        k_bytes=placed["k"][1], v_offset=placed["v"][0], v_bytes=placed["v"][1],
-                       bar_offset=bar_offset, barriers=barriers, total=total)
+                       bar_offset=bar_offset, barriers=barriers, tile_slot_offset=tile_slot_offset, total=total)
 
     def tiles_m(self, max_seqlen_q: int | None = None) -> int:
         """Query tiles per (head, sequence); a varlen batch passes its longest query sequence."""

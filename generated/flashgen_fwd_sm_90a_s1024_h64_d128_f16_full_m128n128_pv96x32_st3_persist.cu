@@ -41,6 +41,15 @@ static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 static __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(bar) : "memory");
 }
+// Plain 32-bit shared-memory accesses; ordering comes from the mbarrier that publishes them.
+static __device__ __forceinline__ void st_shared_s32(u32 addr, int v) {
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+static __device__ __forceinline__ int ld_shared_s32(u32 addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 // Counts as `count` arrivals (PTX ISA 7.8, sm_90).
 static __device__ __forceinline__ void mbar_arrive_count(u32 bar, u32 count) {
   asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], %1; }" :: "r"(bar), "r"(count) : "memory");
@@ -160,6 +169,7 @@ constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
 constexpr u32 kVOffset = 131072, kVBytes = 32768;
 constexpr u32 kBarOffset = 229376;
+constexpr u32 kTileSlotOffset = 88;  // from kBarOffset: two tile indices
 // Descriptors relative to a tile at shared address 0, one per 16-wide k slice; add (tile_address >> 4).
 __device__ constexpr u64 kQDesc[8] = {0x4000004000010000ull, 0x4000004000010002ull, 0x4000004000010004ull, 0x4000004000010006ull, 0x4000004000010200ull, 0x4000004000010202ull, 0x4000004000010204ull, 0x4000004000010206ull};
 __device__ constexpr u64 kKDesc[8] = {0x4000004000010000ull, 0x4000004000010002ull, 0x4000004000010004ull, 0x4000004000010006ull, 0x4000004000010400ull, 0x4000004000010402ull, 0x4000004000010404ull, 0x4000004000010406ull};
@@ -217,11 +227,13 @@ static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
 
 
 
+
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
               const __grid_constant__ TmaDesc tmap_v, const __grid_constant__ TmaDesc tmap_o,
               float* __restrict__ lse_out,
-              int tiles_m, int batches,
+              int* __restrict__ tile_counter, int tiles_m, int batches,
               float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte alignment (layouts/ derives it; the plan aligns every offset below).
@@ -249,14 +261,26 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     regs_dec<24>();
     if (tid == 0) {
     
-  for (int idx = blockIdx.x; idx < tiles_m * cfg::kHeads * batches; idx += gridDim.x) {
-    // Consecutive tiles share a head, so the CTAs running together read the same K/V through L2.
-    const int m_idx = idx % tiles_m, head = (idx / tiles_m) % cfg::kHeads, batch = idx / tiles_m / cfg::kHeads;
+  const int total = tiles_m * cfg::kHeads * batches;
+  int idx = blockIdx.x;
+  int fetched = atomicAdd(tile_counter, 1);  // the next tile, fetched one ahead: its latency hides under this one
+  for (;;) {
+    const bool more = idx < total;
+    const int tile = more ? idx : 0;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
     const int m_block = m_idx;
     [[maybe_unused]] const int head_kv = head / cfg::kGroup;
     [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
     constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
+    st_shared_s32(bars + cfg::kTileSlotOffset + 4 * (done & 1), idx);  // published by the Q barrier
+    if (!more) {
+      // No Q comes: one plain arrival completes the phase and the consumers read the end. The previous phase
+      // must be complete first (its Q may still be in flight), or this arrival would count towards it.
+      if (done > 0) mbar_wait(bars + 8 * kBarQFull, (done - 1) & 1);
+      mbar_arrive(bars + 8 * kBarQFull);
+      break;
+    }
     int kv_first, n_kv;
     kv_range(m_block, len, kv_first, n_kv);
       auto load_q = [&]() {
@@ -286,6 +310,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     
     ring += n_kv;
     ++done;
+    if (fetched == total - 1) atomicExch(tile_counter, 0);
+      idx = gridDim.x + fetched;
+      if (idx < total) fetched = atomicAdd(tile_counter, 1);
   }
     }
     return;
@@ -302,9 +329,13 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   // per tile, so across a persistent CTA's tiles the turns keep alternating.)
   if (consumer == 1) named_barrier_arrive(kTurnBarrier, 256);
 
-  for (int idx = blockIdx.x; idx < tiles_m * cfg::kHeads * batches; idx += gridDim.x) {
-    // Consecutive tiles share a head, so the CTAs running together read the same K/V through L2.
-    const int m_idx = idx % tiles_m, head = (idx / tiles_m) % cfg::kHeads, batch = idx / tiles_m / cfg::kHeads;
+  const int total = tiles_m * cfg::kHeads * batches;
+  for (;;) {
+    mbar_wait(bars + 8 * kBarQFull, done & 1);
+    const int idx = ld_shared_s32(bars + cfg::kTileSlotOffset + 4 * (done & 1));
+    if (idx >= total) break;
+    const int tile = idx;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
     const int m_block = m_idx;
     [[maybe_unused]] const int head_kv = head / cfg::kGroup;
     [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
@@ -319,8 +350,6 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float row_max[2] = {-FLASHGEN_INF, -FLASHGEN_INF};
   float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; reduced over the quad at the end
-
-  mbar_wait(bars + 8 * kBarQFull, done & 1);
 
   float sc[64];  // S of the current key block, then its exponentials
   u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV

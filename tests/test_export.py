@@ -66,8 +66,19 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
         dims = ", ".join(f"(cuuint64_t)({d})" for d in described["dims"])
         assert dims in launcher
         assert ", ".join(str(b) for b in described["box"]) in launcher
-    assert f"<<<dim3({bundle.built.plan.m_blocks}, {spec.heads}, batch), dim3(384), {bundle.built.plan.smem.total}" \
-        in launcher
+    plan = bundle.built.plan
+    assert plan.spec.persistent  # the canonical kernels are persistent: one CTA per SM, tiles from a counter
+    assert f"<<<dim3(ctas), dim3(384), {plan.smem.total}, stream>>>" in launcher
+    assert f"lse, counter, {plan.m_blocks}, batch, scale_log2)" in launcher
+
+
+def test_per_tile_launcher_grid(tmp_path):
+    spec = KernelSpec(seq_len=1000, heads=8, head_dim=128, causal=True)  # causal: one CTA per tile
+    bundle = export_bundle(spec, tmp_path)
+    plan = bundle.built.plan
+    assert not plan.spec.persistent
+    launcher = (tmp_path / f"{plan.spec.name}_launch.cu").read_text()
+    assert f"<<<dim3({plan.m_blocks}, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
 
 
 def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):

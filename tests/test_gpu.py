@@ -282,3 +282,17 @@ def test_persistent_with_every_option(causal):
 def test_persistent_varlen(causal):
     # Tiles past a short sequence are skipped by producer and consumers alike.
     run_varlen(RAGGED * 3, RAGGED * 3, 8, 2, 128, causal=causal, tuning=PERSISTENT)
+
+
+def test_persistent_counter_is_ready_for_every_launch():
+    # The kernel leaves its tile counter at zero; a counter left dirty would skip tiles on the next launch.
+    q, k, v = (torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    call = prepare(q, k, v, causal=True, persistent=True)
+    ref_o, _ = check.reference(q, k, v, causal=True)
+    yardstick = check.same_dtype_error(q, k, v, ref_o, causal=True)
+    for _ in range(3):
+        call.o.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        assert check.rel_err(call.o, ref_o) <= 2 * yardstick
+        assert int(call._keep_alive[-1].item()) == 0, "the tile counter was not reset"
