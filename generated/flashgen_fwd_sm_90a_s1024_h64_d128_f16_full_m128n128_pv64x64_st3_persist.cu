@@ -275,9 +275,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
     [[maybe_unused]] const int tma_batch = batch;
     st_shared_s32(bars + cfg::kTileSlotOffset + 4 * (done & 1), idx);  // published by the Q barrier
     if (!more) {
-      // No Q comes: one plain arrival completes the phase and the consumers read the end. The previous phase
-      // must be complete first (its Q may still be in flight), or this arrival would count towards it.
-      if (done > 0) mbar_wait(bars + 8 * kBarQFull, (done - 1) & 1);
+      // No Q comes: one plain arrival completes the phase and the consumers read the end. Every consumer warp
+      // must have seen the previous phase complete first (it has, once it released that tile's Q): a phase
+      // completing unseen would leave a waiter on the old parity blocked for good.
+      if (done > 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
       mbar_arrive(bars + 8 * kBarQFull);
       break;
     }
