@@ -143,6 +143,8 @@ def test_coverage_matrix_has_the_causal_and_gqa_shapes():
         "(4,4096,32,128) kv8 bf16 causal",
         "(1,16384,16,128) kv2 bf16 causal",
         "(16,1024,32,64) kv8 bf16 non-causal",
+        "varlen(16 seqs, 40960 tok, max 4096; 32,128) bf16 non-causal",
+        "varlen(16 seqs, 40960 tok, max 4096; 32,128) kv8 bf16 causal",
     ]
     assert config.peers == bench.MATRIX_PEERS
     assert not any(c.gqa for c in bench.MATRICES["default"]) and len(bench.MATRICES["default"]) == 8
