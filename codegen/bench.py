@@ -16,7 +16,7 @@
   gen.py bench --matrix [NAME]
       many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean
       (`--matrix varlen` for the variable-length set; `coverage` holds two of them too).
-  gen.py bench --compile [--shape B,S,H,D[:KV] ...]
+  gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
 The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). Nothing here imports torch
