@@ -464,13 +464,20 @@ def splits_for(block_n: int, requested: Iterable[tuple[int, ...]] = ()) -> tuple
 
 def kernel_spec(case: Case):
     """The KernelSpec of a case (unresolved). A varlen case asks for the varlen kernel where KernelSpec has that
-    field (seq_len then being the longest sequence), and for the dense kernel of its longest sequence where
-    it has not: both have the block_n the bench's PV splits need."""
+    field, specialized as the API does on the longest sequence (rounded up to the API's length bucket where it
+    has one), and for the dense kernel of its longest sequence where it has not: both have the block_n the
+    bench's PV splits need."""
     from codegen.spec import KernelSpec
 
-    varlen = {"varlen": True} if case.varlen and "varlen" in {f.name for f in dataclasses.fields(KernelSpec)} else {}
-    return KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype, causal=case.causal,
-                      kv_heads=case.kv_heads, **varlen)
+    seq, extra = case.seq, {}
+    if case.varlen and "varlen" in {f.name for f in dataclasses.fields(KernelSpec)}:
+        try:
+            from codegen.api import _length_bucket
+        except ImportError:
+            _length_bucket = None
+        seq, extra = (_length_bucket(case.seq) if _length_bucket else case.seq), {"varlen": True}
+    return KernelSpec(seq_len=seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype, causal=case.causal,
+                      kv_heads=case.kv_heads, **extra)
 
 
 def block_n_for(case: Case) -> int:
