@@ -4,13 +4,28 @@
       the closing table for one shape: flashgen (each PV split), SDPA (auto, cuDNN, flash, mem_efficient,
       math), flex_attention (compiled) and an unfused matmul-softmax-matmul. `:KV` gives k and v KV heads
       (grouped-query attention; H a multiple of KV), e.g. 4,4096,32,128:8.
+  gen.py bench --varlen LENS [--heads H] [--head-dim D] [--kv-heads KV] [--dtype bf16] [--causal]
+      a variable-length batch: packed (total, H, D) tensors cut by cu_seqlens, q lengths = k lengths. LENS is
+      the per-sequence lengths (1000,4096,2311) or COUNTxMAX[=TOTAL]: COUNT ragged lengths drawn with a fixed
+      seed between MAX/4 and MAX, the longest MAX, adjusted to sum to TOTAL tokens (16x4096=40960).
+      Peers: flashgen's varlen API; cudnn = cuDNN SDPA on the zero-padded (B, MAX, H, D) batch (the
+      yardstick, `cudnn-padded`: what a user without varlen runs; is_causal for causal cases, an additive
+      key-padding mask otherwise); cudnn_varlen and flash_varlen = torch's own ragged cuDNN and FlashAttention-2
+      kernels (skipped, with the reason, where this torch lacks them); flex = flex_attention on the packed
+      batch with a document mask.
   gen.py bench --matrix [NAME]
-      many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean.
-  gen.py bench --compile [--shape B,S,H,D[:KV] ...]
+      many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean
+      (`--matrix varlen` for the variable-length set; `coverage` holds two of them too).
+  gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
 The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). Nothing here imports torch
 until a GPU mode runs, so `--compile` and the unit tests work on a machine without it.
+
+FLOPs: 4 * B * H * S^2 * D for a dense case, and the sum over sequences of 4 * H * L_i^2 * D for a varlen one
+(S_q = S_k = L_i), halved for causal in both: half of each full square, diagonal not counted apart, the
+convention FlashAttention's own benchmarks use. TFLOPS always count this useful work, so the padded cuDNN
+yardstick's TFLOPS of a varlen row are effective ones (its padded batch does 1 / padding_efficiency as much).
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shutil
 import subprocess
@@ -39,8 +55,14 @@ from .check import reference, time_gpu, torch_dtype
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results"
 
-ALL_PEERS = ("flashgen", "cudnn", "sdpa", "flash", "mem_efficient", "math", "flex", "unfused")
-MATRIX_PEERS = ("flashgen", "cudnn", "flash", "flex")
+ALL_PEERS = ("flashgen", "cudnn", "sdpa", "flash", "mem_efficient", "math", "flex", "unfused", "cudnn_varlen",
+             "flash_varlen")
+MATRIX_PEERS = ("flashgen", "cudnn", "flash", "flex", "cudnn_varlen", "flash_varlen")
+# What runs on a varlen case (the others have no ragged form and give no row there); cudnn_varlen and
+# flash_varlen run on varlen cases only.
+VARLEN_PEERS = ("flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen")
+VARLEN_ONLY_PEERS = ("cudnn_varlen", "flash_varlen")
+VARLEN_SEED = 0  # the ragged lengths of COUNTxMAX: one fixed draw, so the same command benchmarks the same batch
 # Candidate PV splits; a shape gets those that add up to its block_n (codegen.plan decides block_n).
 CANDIDATE_SPLITS = ((96, 32), (64, 64), (32, 32), (64,))
 
@@ -65,7 +87,11 @@ class BenchUsageError(ValueError):
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmarked problem: q of shape (batch, seq, heads, dim), k and v (batch, seq, kv_heads, dim)."""
+    """One benchmarked problem: q of shape (batch, seq, heads, dim), k and v (batch, seq, kv_heads, dim).
+
+    A varlen case has `lens`, the per-sequence lengths (q and k alike): q is packed (sum(lens), heads, dim),
+    k and v (sum(lens), kv_heads, dim); batch is then len(lens) and seq max(lens) (build it with varlen_case).
+    """
 
     batch: int
     seq: int
@@ -74,6 +100,7 @@ class Case:
     dtype: str = "f16"
     causal: bool = False
     kv_heads: int | None = None  # None: as many as heads. Normalized here so equal problems compare equal.
+    lens: tuple[int, ...] | None = None  # varlen: the sequences' lengths, in batch order
 
     def __post_init__(self):
         if self.kv_heads is None:
@@ -81,6 +108,18 @@ class Case:
         problem = kv_heads_problem(self.heads, self.kv_heads)
         if problem:
             raise BenchUsageError(problem)
+        if self.lens is not None:
+            lens = tuple(self.lens)
+            if not lens or min(lens) < 1:
+                raise BenchUsageError(f"a varlen batch needs at least one sequence, each of length >= 1, got {lens}")
+            if (self.batch, self.seq) != (len(lens), max(lens)):
+                raise BenchUsageError(f"a varlen case has batch = {len(lens)} sequences and seq = the longest, "
+                                      f"{max(lens)}; got batch {self.batch}, seq {self.seq}")
+            object.__setattr__(self, "lens", lens)
+
+    @property
+    def varlen(self) -> bool:
+        return self.lens is not None
 
     @property
     def gqa(self) -> bool:
@@ -92,20 +131,42 @@ class Case:
         return self.heads // self.kv_heads
 
     @property
+    def seq_lens(self) -> tuple[int, ...]:
+        """Every sequence's length: lens, or seq repeated batch times for a dense case."""
+        return self.lens if self.lens is not None else (self.seq,) * self.batch
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    @property
     def flops(self) -> float:
-        # K/V heads do not change the arithmetic: every query head still meets S keys.
+        """Sum over sequences of 4 * H * L^2 * D (QK^T and PV, 2 flops a multiply-add), halved for causal.
+
+        K/V heads do not change the arithmetic: every query head still meets all its keys."""
+        flops = sum(4.0 * self.heads * n * n * self.dim for n in self.seq_lens)
+        return flops / 2 if self.causal else flops
+
+    @property
+    def padded_flops(self) -> float:
+        """The FLOPs of the dense (batch, seq) problem: what a padded batch computes."""
         flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
         return flops / 2 if self.causal else flops
 
     @property
+    def padding_efficiency(self) -> float:
+        """Useful FLOPs over padded FLOPs: 1 for a dense case."""
+        return self.flops / self.padded_flops
+
+    @property
     def scores(self) -> int:
-        """Entries of the full S x S score matrices over all batches and heads."""
-        return self.batch * self.heads * self.seq * self.seq
+        """Entries of the full S x S score matrices over all sequences and heads."""
+        return sum(self.heads * n * n for n in self.seq_lens)
 
     @property
     def tensor_bytes(self) -> int:
         """Bytes of q (and of o)."""
-        return self.batch * self.seq * self.heads * self.dim * 2  # f16 and bf16 alike
+        return self.total_tokens * self.heads * self.dim * 2  # f16 and bf16 alike
 
     @property
     def set_bytes(self) -> int:
@@ -113,10 +174,83 @@ class Case:
         return 2 * self.tensor_bytes + 2 * self.tensor_bytes // self.group
 
     @property
+    def yardstick(self) -> str:
+        """What ratio_to_cudnn divides: cuDNN on the problem itself, or on the zero-padded batch (varlen)."""
+        return "cudnn-padded" if self.varlen else "cudnn"
+
+    @property
     def label(self) -> str:
         mask = "causal" if self.causal else "non-causal"
         kv = f" kv{self.kv_heads}" if self.gqa else ""
+        if self.varlen:
+            return (f"varlen({self.batch} seqs, {self.total_tokens} tok, max {self.seq}; {self.heads},{self.dim})"
+                    f"{kv} {self.dtype} {mask}")
         return f"({self.batch},{self.seq},{self.heads},{self.dim}){kv} {self.dtype} {mask}"
+
+
+def varlen_case(lens: Sequence[int], heads: int, dim: int, dtype: str = "bf16", causal: bool = False,
+                kv_heads: int | None = None) -> Case:
+    """A variable-length batch of these sequence lengths (q lengths = k lengths)."""
+    lens = tuple(int(n) for n in lens)
+    if not lens:
+        raise BenchUsageError("a varlen batch needs at least one sequence")
+    return Case(len(lens), max(lens), heads, dim, dtype, causal, kv_heads, lens=lens)
+
+
+def ragged_lengths(count: int, max_len: int, total: int | None = None, *, seed: int = VARLEN_SEED,
+                   min_len: int | None = None) -> tuple[int, ...]:
+    """COUNT sequence lengths, deterministic for a seed: one of max_len, the others drawn uniformly from
+    [min_len, max_len] (min_len defaults to max_len / 4), then, when total is given, moved evenly toward it
+    (never out of that range) so that they sum to exactly total; finally shuffled, so the longest is not
+    always first. Python's own Mersenne Twister: the same lengths on every machine and version."""
+    lo = max(1, max_len // 4) if min_len is None else min_len
+    if count < 1 or max_len < 1 or not 1 <= lo <= max_len:
+        raise BenchUsageError(f"ragged lengths need count >= 1 and 1 <= min <= max, got count {count}, "
+                              f"min {lo}, max {max_len}")
+    least, most = max_len + (count - 1) * lo, count * max_len
+    if total is not None and not least <= total <= most:
+        raise BenchUsageError(f"{count} sequences of {lo}..{max_len} tokens with the longest {max_len} sum to "
+                              f"{least}..{most} tokens, not {total}")
+    rng = random.Random(seed)
+    lens = [max_len] + [rng.randint(lo, max_len) for _ in range(count - 1)]
+    diff = 0 if total is None else total - sum(lens)
+    while diff:
+        up = diff > 0
+        movable = [i for i in range(1, count) if (lens[i] < max_len if up else lens[i] > lo)]
+        share = max(1, abs(diff) // len(movable))
+        for i in rng.sample(movable, len(movable)):
+            step = min(share, abs(diff), max_len - lens[i] if up else lens[i] - lo)
+            lens[i] += step if up else -step
+            diff -= step if up else -step
+            if not diff:
+                break
+    rng.shuffle(lens)
+    return tuple(lens)
+
+
+VARLEN_USAGE = ("--varlen expects the sequence lengths L1,L2,... (e.g. 1000,4096,2311) or COUNTxMAX[=TOTAL] "
+                "(COUNT ragged lengths between MAX/4 and MAX, the longest MAX, summing to TOTAL; e.g. 16x4096=40960)")
+
+
+def parse_varlen(text: str) -> tuple[int, ...]:
+    """'1000,4096,2311' -> those lengths; '16x4096' or '16x4096=40960' -> ragged_lengths(16, 4096[, 40960])."""
+    spec = text.strip().lower()
+    m = re.fullmatch(r"\s*(\d+)\s*[x*]\s*(\d+)\s*(?:=\s*(\d+)\s*)?", spec)
+    if m:
+        count, max_len = int(m[1]), int(m[2])
+        if count < 1 or max_len < 1:
+            raise BenchUsageError(f"{VARLEN_USAGE}; COUNT and MAX must be at least 1, got {text!r}")
+        try:
+            return ragged_lengths(count, max_len, int(m[3]) if m[3] else None)
+        except BenchUsageError as e:
+            raise BenchUsageError(f"--varlen {text!r}: {e}") from None
+    parts = [p.strip() for p in spec.split(",")]
+    if not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise BenchUsageError(f"{VARLEN_USAGE}; got {text!r}")
+    lens = tuple(int(p) for p in parts)
+    if min(lens) < 1:
+        raise BenchUsageError(f"--varlen {text!r}: every sequence length must be at least 1")
+    return lens
 
 
 def kv_heads_problem(heads: int, kv_heads: int) -> str | None:
@@ -165,6 +299,17 @@ def _bf16(b, s, h, d, causal=False, kv_heads=None) -> Case:
     return Case(b, s, h, d, "bf16", causal, kv_heads)
 
 
+def _ragged_bf16(count, max_len, total, h, d, causal=False, kv_heads=None) -> Case:
+    return varlen_case(ragged_lengths(count, max_len, total), h, d, "bf16", causal, kv_heads)
+
+
+# Issue 5's variable-length batches: 16 sequences of 1024..4096 tokens (40960 in all, about what 10 full
+# 4096-token sequences hold) and 8 of 4096..16384 (65536 in all), as packed pretraining and long-context
+# fine-tuning batches look.
+VARLEN_4K = dict(count=16, max_len=4096, total=40960)
+VARLEN_16K = dict(count=8, max_len=16384, total=65536)
+
+
 MATRICES: dict[str, tuple[Case, ...]] = {
     # The issue's targets: the seed's shape, the bf16 geomean set, and two causal shapes.
     "default": (
@@ -181,6 +326,16 @@ MATRICES: dict[str, tuple[Case, ...]] = {
         _bf16(4, 4096, 32, 128, kv_heads=8), _bf16(4, 4096, 32, 128, causal=True, kv_heads=8),
         _bf16(1, 16384, 16, 128, causal=True, kv_heads=2),
         _bf16(16, 1024, 32, 64, kv_heads=8),
+        _ragged_bf16(**VARLEN_4K, h=32, d=128),
+        _ragged_bf16(**VARLEN_4K, h=32, d=128, causal=True, kv_heads=8),
+    ),
+    # Issue 5: variable-length batches, against cuDNN on the padded batch and torch's own ragged kernels.
+    "varlen": (
+        _ragged_bf16(**VARLEN_4K, h=32, d=128),
+        _ragged_bf16(**VARLEN_4K, h=32, d=128, causal=True),
+        _ragged_bf16(**VARLEN_4K, h=32, d=128, causal=True, kv_heads=8),
+        _ragged_bf16(**VARLEN_16K, h=16, d=128),
+        _ragged_bf16(**VARLEN_16K, h=16, d=128, causal=True),
     ),
 }
 
@@ -209,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]",
                         help="batch, sequence, heads, head dim, and after ':' the K/V heads for grouped-query "
                              "attention (default: H); repeatable")
+    parser.add_argument("--varlen", action="append", default=[], metavar="LENS",
+                        help="a variable-length batch: the sequence lengths L1,L2,... or COUNTxMAX[=TOTAL] (COUNT "
+                             "lengths drawn with a fixed seed between MAX/4 and MAX, the longest MAX, summing to "
+                             "TOTAL), e.g. 16x4096=40960; with --heads, --head-dim, --kv-heads; repeatable")
+    parser.add_argument("--heads", type=int, metavar="H", help="query heads of the --varlen cases (default 32)")
+    parser.add_argument("--head-dim", type=int, metavar="D", help="head dim of the --varlen cases (default 128)")
+    parser.add_argument("--kv-heads", type=int, metavar="KV",
+                        help="K/V heads of the --varlen cases (grouped-query; default: as many as --heads)")
     parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
@@ -218,7 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", metavar="LIST",
                         help=f"comma-separated implementations out of {','.join(ALL_PEERS)} "
                              f"(default: all for one shape, {','.join(MATRIX_PEERS)} for --matrix; "
-                             "cudnn is always added, being the yardstick)")
+                             "cudnn is always added, being the yardstick). A varlen case runs only "
+                             f"{','.join(VARLEN_PEERS)} (cudnn on the zero-padded batch); "
+                             f"{' and '.join(VARLEN_ONLY_PEERS)} run on varlen cases only")
     parser.add_argument("--all-peers", action="store_true", help="every implementation, also in --matrix")
     parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed for the random inputs")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default bench/results)")
@@ -231,22 +396,42 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     if args.iters < 1 or args.warmup < 0:
         raise BenchUsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     shapes = [parse_shape(s) for s in args.shape]
-    if args.matrix and shapes:
-        raise BenchUsageError("--matrix runs its own shapes; drop --shape (or run without --matrix)")
+    if args.matrix and (shapes or args.varlen):
+        raise BenchUsageError("--matrix runs its own shapes; drop --shape and --varlen (or run without --matrix)")
+    cases = tuple(case_from(s, args.dtype, args.causal) for s in shapes) + _varlen_cases(args)
     if args.matrix:
         mode, cases = "matrix", MATRICES[args.matrix]
     elif args.compile:
         mode = "compile"
-        cases = tuple(case_from(s, args.dtype, args.causal) for s in shapes) or (Case(1, 1024, 64, 128, args.dtype,
-                                                                                     args.causal),)
-    elif shapes:
-        mode, cases = "table", tuple(case_from(s, args.dtype, args.causal) for s in shapes)
+        cases = cases or (Case(1, 1024, 64, 128, args.dtype, args.causal),)
+    elif cases:
+        mode = "table"
     else:
-        raise BenchUsageError("give --shape B,S,H,D[:KV], --matrix [NAME] or --compile")
+        raise BenchUsageError("give --shape B,S,H,D[:KV], --varlen LENS, --matrix [NAME] or --compile")
     return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode),
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
                        command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
+
+
+def _varlen_cases(args) -> tuple[Case, ...]:
+    """The --varlen cases, with --heads, --head-dim and --kv-heads (which describe nothing else)."""
+    given = [f"--{n.replace('_', '-')}" for n in ("heads", "head_dim", "kv_heads") if getattr(args, n) is not None]
+    if not args.varlen:
+        if given:
+            raise BenchUsageError(f"{', '.join(given)} describe(s) --varlen cases; --shape carries its own "
+                                  "B,S,H,D[:KV]")
+        return ()
+    heads = 32 if args.heads is None else args.heads
+    dim = 128 if args.head_dim is None else args.head_dim
+    if heads < 1 or dim < 1:
+        raise BenchUsageError(f"--heads and --head-dim must be at least 1, got {heads} and {dim}")
+    if args.kv_heads is not None:
+        problem = kv_heads_problem(heads, args.kv_heads)
+        if problem:
+            raise BenchUsageError(f"--kv-heads {args.kv_heads}: {problem}")
+    return tuple(varlen_case(parse_varlen(text), heads, dim, args.dtype, args.causal, args.kv_heads)
+                 for text in args.varlen)
 
 
 def _peers_from(args, mode: str) -> tuple[str, ...]:
@@ -277,13 +462,29 @@ def splits_for(block_n: int, requested: Iterable[tuple[int, ...]] = ()) -> tuple
     return tuple(requested) or tuple(s for s in CANDIDATE_SPLITS if sum(s) == block_n)
 
 
+def kernel_spec(case: Case):
+    """The KernelSpec of a case (unresolved). A varlen case asks for the varlen kernel where KernelSpec has that
+    field, specialized as the API does on the longest sequence (rounded up to the API's length bucket where it
+    has one), and for the dense kernel of its longest sequence where it has not: both have the block_n the
+    bench's PV splits need."""
+    from codegen.spec import KernelSpec
+
+    seq, extra = case.seq, {}
+    if case.varlen and "varlen" in {f.name for f in dataclasses.fields(KernelSpec)}:
+        try:
+            from codegen.api import _length_bucket
+        except ImportError:
+            _length_bucket = None
+        seq, extra = (_length_bucket(case.seq) if _length_bucket else case.seq), {"varlen": True}
+    return KernelSpec(seq_len=seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype, causal=case.causal,
+                      kv_heads=case.kv_heads, **extra)
+
+
 def block_n_for(case: Case) -> int:
     """The block_n codegen.plan resolves for this shape (so the bench follows the generator's choice)."""
     from codegen.plan import resolve
-    from codegen.spec import KernelSpec
 
-    return resolve(KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
-                              causal=case.causal, kv_heads=case.kv_heads)).block_n
+    return resolve(kernel_spec(case)).block_n
 
 
 def split_name(split: Sequence[int]) -> str:
@@ -326,6 +527,11 @@ class Row:
             "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
             "pv_split": list(self.pv_split) if self.pv_split else None, "iters": self.iters,
             "error": self.error, "skipped": self.skipped,
+            # ratio_to_cudnn divides this implementation's time into the yardstick's: "cudnn" on the problem
+            # itself, or "cudnn-padded" (cuDNN on the zero-padded batch) for a varlen case, where B is the
+            # number of sequences, S the longest, and seqlens every length.
+            "yardstick": c.yardstick, "varlen": c.varlen, "seqlens": list(c.lens) if c.varlen else None,
+            "total_tokens": c.total_tokens, "flops": c.flops, "padding_efficiency": c.padding_efficiency,
         }
 
 
@@ -402,8 +608,16 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
     return format(x, spec) + suffix
 
 
+def display_name(row: Row) -> str:
+    if row.impl == "flashgen" and row.pv_split:
+        return f"flashgen (best: {split_name(row.pv_split)})"
+    if row.impl == "cudnn" and row.case.varlen:
+        return "cudnn (padded" + ("" if row.case.causal else ", key-padding mask") + ")"
+    return row.impl
+
+
 def row_cells(row: Row) -> list[str]:
-    name = row.impl if row.impl != "flashgen" or not row.pv_split else f"flashgen (best: {split_name(row.pv_split)})"
+    name = display_name(row)
     if row.skipped:
         return [name, f"skipped: {row.skipped}", "", "", "", "", ""]
     if row.error and row.ms is None:
@@ -433,15 +647,26 @@ def summary_table(rows: Sequence[Row]) -> list[list[str]]:
     table = [["shape", "cuDNN ms", "cuDNN TFLOPS"] + [s.impl for s in summaries]]
     for i, case in enumerate(cases):
         ref = cudnn.get(case)
-        line = [case.label, _fmt(ref.ms if ref else None, ".4f"), _fmt(ref.tflops if ref else None, ".1f")]
+        shape = f"{case.label} (vs {case.yardstick})" if case.varlen else case.label
+        line = [shape, _fmt(ref.ms if ref else None, ".4f"), _fmt(ref.tflops if ref else None, ".1f")]
         for s in summaries:
             cell = _fmt(s.ratios[i], ".3f", "x")
             if s.impl == "flashgen" and case in best and best[case].pv_split:
                 cell += f" ({split_name(best[case].pv_split)})"
             line.append(cell)
         table.append(line)
-    table.append(["geomean", "", ""] + [f"{_fmt(s.geomean, '.3f', 'x')} ({s.measured}/{len(cases)})"
-                                        for s in summaries])
+    # One geomean per yardstick: ratios to cuDNN on the problem itself and ratios to cuDNN on a padded batch
+    # (varlen: the padding is part of what they measure) are not averaged together.
+    for name, varlen in (("geomean", False), ("geomean varlen (vs cudnn-padded)", True)):
+        picked = [i for i, c in enumerate(cases) if c.varlen == varlen]
+        if not picked:
+            continue
+        cells = []
+        for s in summaries:
+            ratios = [s.ratios[i] for i in picked]
+            measured = sum(r is not None for r in ratios)
+            cells.append(f"{_fmt(geomean(ratios), '.3f', 'x')} ({measured}/{len(picked)})")
+        table.append([name, "", ""] + cells)
     return table
 
 
@@ -494,8 +719,22 @@ def results_markdown(result: BenchResult) -> str:
     if result.mode == "matrix" or len(_unique(r.case for r in result.rows)) > 1:
         parts += ["", "## Ratio to cuDNN (same run; > 1 is faster)", "", render_markdown(summary_table(result.rows))]
     for case in _unique(r.case for r in result.rows):
-        parts += ["", f"## {case.label}", "", render_markdown(case_table([r for r in result.rows if r.case == case]))]
+        parts += ["", f"## {case.label}", ""]
+        if case.varlen:
+            parts += [varlen_note(case), ""]
+        parts += [render_markdown(case_table([r for r in result.rows if r.case == case]))]
     return "\n".join(parts) + "\n"
+
+
+def varlen_note(case: Case) -> str:
+    """What a varlen case's table measures, in one paragraph."""
+    mask = "is_causal" if case.causal else "an additive key-padding mask"
+    return (f"Sequence lengths (q = k): {', '.join(map(str, case.lens))}. TFLOPS count the useful work, "
+            f"{case.flops / 1e12:.2f} TFLOP (sum of 4*H*L^2*D{', halved (causal)' if case.causal else ''}). "
+            f"The yardstick `cudnn-padded` is cuDNN SDPA on the zero-padded ({case.batch}, {case.seq}) batch with "
+            f"{mask}, which computes {1 / case.padding_efficiency:.2f}x that work (padding efficiency "
+            f"{case.padding_efficiency:.0%}); its error is taken over the valid rows only. cudnn_varlen and "
+            "flash_varlen are torch's own ragged cuDNN and FlashAttention-2 kernels.")
 
 
 def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
@@ -618,17 +857,84 @@ def input_set_count(case: Case) -> int:
 
 @dataclass(frozen=True)
 class Inputs:
-    sets: tuple  # ((q, k, v), ...): q (B, S, H, D), k and v (B, S, KV, D)
-    ref: object  # float64 o of sets[0]
+    sets: tuple  # ((q, k, v), ...): q (B, S, H, D), k and v (B, S, KV, D); varlen: packed (T, H, D), (T, KV, D)
+    ref: object  # float64 o of sets[0] (varlen: packed (T, H, D))
+    # varlen only:
+    padded: tuple = ()  # the sets zero-padded to (B, S, H, D) and (B, S, KV, D), for the cudnn-padded yardstick
+    cu_seqlens: object = None  # int32 (B + 1,) on the device: sequence b is packed rows cu[b]:cu[b + 1]
+    valid: object = None  # int64 (T,): the row of the flattened padded (B * S) batch holding each packed token
+    key_mask: object = None  # non-causal: (B, 1, 1, S) additive bias in q's dtype, 0 on tokens, -inf on padding
+    doc_ids: object = None  # int32 (T,): each packed token's sequence
 
 
 def make_inputs(torch, case: Case) -> Inputs:
+    if case.varlen:
+        return make_varlen_inputs(torch, case)
     dtype = torch_dtype(case.dtype)
     q_shape = (case.batch, case.seq, case.heads, case.dim)
     kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
     sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for shape in (q_shape, kv_shape, kv_shape))
                  for _ in range(input_set_count(case)))
     return Inputs(sets, reference(*sets[0], causal=case.causal)[0])
+
+
+def cu_seqlens_of(lens: Sequence[int]) -> list[int]:
+    """[0, L0, L0 + L1, ...]: where each sequence starts in the packed tensors, and the total last."""
+    return [0, *itertools.accumulate(lens)]
+
+
+def padded_rows(torch, lens: Sequence[int], max_len: int, device=None):
+    """For each packed token, its row in the flattened zero-padded (len(lens) * max_len) batch."""
+    return torch.cat([b * max_len + torch.arange(n, device=device) for b, n in enumerate(lens)])
+
+
+def pad_packed(torch, packed, lens: Sequence[int], max_len: int, rows=None):
+    """(T, ...) packed -> (len(lens), max_len, ...) with zeros after each sequence's tokens."""
+    rows = padded_rows(torch, lens, max_len, packed.device) if rows is None else rows
+    out = packed.new_zeros((len(lens) * max_len, *packed.shape[1:]))
+    out[rows] = packed
+    return out.view(len(lens), max_len, *packed.shape[1:])
+
+
+def unpad(padded, rows):
+    """(B, S, ...) -> the packed (T, ...) rows that hold tokens (a copy)."""
+    return padded.reshape(padded.shape[0] * padded.shape[1], *padded.shape[2:])[rows]
+
+
+def varlen_reference(q, k, v, lens: Sequence[int], *, causal: bool, lens_k: Sequence[int] | None = None):
+    """Float64 o, packed (T_q, H, D), of attention over each sequence alone: codegen.check.reference on
+    q[cu_q[b]:cu_q[b+1]] against k, v[cu_k[b]:cu_k[b+1]], with its bottom-right causal alignment."""
+    import torch
+
+    cu_q, cu_k = cu_seqlens_of(lens), cu_seqlens_of(lens if lens_k is None else lens_k)
+    outs = [reference(q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]], v[None, cu_k[b]:cu_k[b + 1]],
+                      causal=causal)[0][0] for b in range(len(lens))]
+    return torch.cat(outs)
+
+
+def key_padding_bias(torch, lens: Sequence[int], max_len: int, dtype, device=None):
+    """(B, 1, 1, max_len) additive mask: 0 on each sequence's keys, -inf on its padding."""
+    keep = torch.arange(max_len, device=device)[None, :] < torch.tensor(list(lens), device=device)[:, None]
+    bias = torch.zeros(len(lens), max_len, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))
+    return bias[:, None, None, :]
+
+
+def make_varlen_inputs(torch, case: Case, device="cuda") -> Inputs:
+    """Packed random q, k, v (rotated like the dense sets), their zero-padded twins for the padded yardstick,
+    cu_seqlens, and the float64 reference computed one sequence at a time."""
+    dtype = torch_dtype(case.dtype) if device == "cuda" else torch.float32
+    total = case.total_tokens
+    sets = tuple(tuple(torch.randn(shape, dtype=dtype, device=device)
+                       for shape in ((total, case.heads, case.dim),) + ((total, case.kv_heads, case.dim),) * 2)
+                 for _ in range(input_set_count(case)))
+    rows = padded_rows(torch, case.lens, case.seq, device)
+    padded = tuple(tuple(pad_packed(torch, t, case.lens, case.seq, rows) for t in qkv) for qkv in sets)
+    cu = torch.tensor(cu_seqlens_of(case.lens), dtype=torch.int32, device=device)
+    docs = torch.repeat_interleave(torch.arange(case.batch, dtype=torch.int32, device=device),
+                                   torch.tensor(list(case.lens), device=device))
+    mask = None if case.causal else key_padding_bias(torch, case.lens, case.seq, dtype, device)
+    ref = varlen_reference(*sets[0], case.lens, causal=case.causal)
+    return Inputs(sets, ref, padded=padded, cu_seqlens=cu, valid=rows, key_mask=mask, doc_ids=docs)
 
 
 def _bhsd(qkv):
@@ -712,6 +1018,127 @@ def _flashgen_calls(split: tuple[int, ...]):
     return make
 
 
+class Unavailable(RuntimeError):
+    """An implementation this torch (or this flashgen) does not have: its row is skipped, with the reason."""
+
+
+def _flashgen_varlen_calls(split: tuple[int, ...]):
+    """flashgen's varlen API: prepare(q, k, v, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., ...)."""
+
+    def make(torch, inputs: Inputs, case: Case):
+        import inspect
+
+        from codegen.api import prepare
+
+        params = inspect.signature(prepare).parameters
+        if "cu_seqlens_q" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise Unavailable("this flashgen's codegen.api.prepare takes no cu_seqlens_q (no varlen interface yet)")
+        cu = inputs.cu_seqlens
+        prepared = [prepare(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=case.seq, max_seqlen_k=case.seq,
+                            causal=case.causal, pv_split=split) for q, k, v in inputs.sets]
+        return [p.__call__ for p in prepared]
+
+    return make
+
+
+def _cudnn_padded_calls(torch, inputs: Inputs, case: Case):
+    """The varlen yardstick: cuDNN SDPA on the zero-padded (B, S, H, D) batch, what a user without varlen runs.
+    Causal needs no mask (q and k lengths are equal, so no token's causal keys reach its sequence's padding);
+    non-causal takes the additive key-padding mask, without which every token would also attend to the
+    padding's zero keys. Output (B, S, H, D); its padding rows are garbage and dropped by _unpadded."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    kwargs = sdpa_kwargs(case)
+    if inputs.key_mask is not None:
+        kwargs["attn_mask"] = inputs.key_mask
+
+    def call(qkv):
+        q, k, v = _bhsd(qkv)
+        return lambda: sdpa(q, k, v, **kwargs).transpose(1, 2)
+
+    return [call(s) for s in inputs.padded]
+
+
+def _unpadded(out, inputs: Inputs):
+    return unpad(out, inputs.valid)
+
+
+def _same(out, inputs: Inputs):
+    return out
+
+
+def aten_op(torch, name: str, needs: Sequence[str] = ()):
+    """torch.ops.aten.<name>.default, if this torch has it with the arguments `needs`; else Unavailable."""
+    try:
+        op = getattr(torch.ops.aten, name).default
+        args = {a.name for a in op._schema.arguments}
+    except (AttributeError, RuntimeError) as e:
+        raise Unavailable(f"torch {torch.__version__} has no aten::{name} ({type(e).__name__})") from None
+    missing = [n for n in needs if n not in args]
+    if missing:
+        raise Unavailable(f"torch {torch.__version__}'s aten::{name} takes no {', '.join(missing)}")
+    return op
+
+
+def _ragged_kwargs(inputs: Inputs, case: Case) -> dict:
+    cu = inputs.cu_seqlens
+    return {"cum_seq_q": cu, "cum_seq_k": cu, "max_q": case.seq, "max_k": case.seq, "dropout_p": 0.0,
+            "is_causal": case.causal, "return_debug_mask": False}
+
+
+def _cudnn_varlen_calls(torch, inputs: Inputs, case: Case):
+    """cuDNN's ragged (THD) kernel: aten::_cudnn_attention_forward with cum_seq_q/k, the call SDPA makes on
+    nested (jagged) tensors under the CUDNN_ATTENTION backend, here with cu_seqlens made once (no nested-tensor
+    bookkeeping in the timed call). Output packed (T, H, D)."""
+    kwargs = {"attn_bias": None, "compute_log_sumexp": False, **_ragged_kwargs(inputs, case)}
+    op = aten_op(torch, "_cudnn_attention_forward", ("query", "key", "value", *kwargs))
+    if not torch.backends.cudnn.is_available():
+        raise Unavailable(f"torch {torch.__version__} has no cuDNN")
+
+    def call(qkv):
+        q, k, v = qkv
+        return lambda: op(query=q, key=k, value=v, **kwargs)[0]
+
+    return [call(s) for s in inputs.sets]
+
+
+def _flash_varlen_calls(torch, inputs: Inputs, case: Case):
+    """FlashAttention-2's varlen kernel as torch ships it: aten::_flash_attention_forward with cum_seq_q/k, which
+    torch.nn.attention.varlen.varlen_attn calls (its Python signature changed between releases; the op's did
+    not). K/V heads may divide H (the kernel reads them grouped). Output packed (T, H, D)."""
+    kwargs = _ragged_kwargs(inputs, case)
+    op = aten_op(torch, "_flash_attention_forward", ("query", "key", "value", *kwargs))
+
+    def call(qkv):
+        q, k, v = qkv
+        return lambda: op(query=q, key=k, value=v, **kwargs)[0]
+
+    return [call(s) for s in inputs.sets]
+
+
+def _flex_varlen_calls(torch, inputs: Inputs, case: Case):
+    """flex_attention on the packed batch as one sequence of T tokens, with a document mask (a token sees
+    only its own sequence's keys, and under causal only the earlier ones): blocks across sequences are
+    skipped. Output packed (T, H, D)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    docs, causal, total = inputs.doc_ids, case.causal, case.total_tokens
+
+    def same_sequence(b, h, q_idx, kv_idx):
+        same = docs[q_idx] == docs[kv_idx]
+        return same & (q_idx >= kv_idx) if causal else same
+
+    mask = create_block_mask(same_sequence, B=None, H=None, Q_LEN=total, KV_LEN=total, device=docs.device)
+    kwargs = gqa_kwargs(case)
+
+    def call(qkv):
+        q, k, v = (t.transpose(0, 1)[None] for t in qkv)  # (1, H, T, D)
+        return lambda: compiled(q, k, v, block_mask=mask, **kwargs)[0].transpose(0, 1)
+
+    return [call(s) for s in inputs.sets]
+
+
 def _sdpa_backend(name: str):
     def context(torch):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -738,6 +1165,7 @@ class Peer:
     context: Callable = _no_context  # (torch) -> context around every call
     steady: Callable = _no_context  # (torch) -> context after the first call (which may compile)
     skip: Callable[[Case], str | None] = lambda case: None
+    output: Callable = _same  # (o, inputs) -> o comparable with inputs.ref (the padded yardstick drops its padding)
 
 
 def _math_skip(case: Case) -> str | None:
@@ -758,13 +1186,31 @@ PEERS = {
     "unfused": Peer("unfused", _unfused_calls, skip=_unfused_skip),
 }
 
+# The same names on a varlen case: "cudnn" is then the padded yardstick.
+VARLEN_PEER_IMPLS = {
+    "cudnn": Peer("cudnn", _cudnn_padded_calls, _sdpa_backend("CUDNN_ATTENTION"), output=_unpadded),
+    "flex": Peer("flex", _flex_varlen_calls, steady=_no_recompile),
+    "cudnn_varlen": Peer("cudnn_varlen", _cudnn_varlen_calls),
+    "flash_varlen": Peer("flash_varlen", _flash_varlen_calls),
+}
+
+
+def peer_names(case: Case, names: Iterable[str]) -> list[str]:
+    """The chosen implementations that have a form for this case (dense or varlen)."""
+    if case.varlen:
+        return [n for n in names if n in VARLEN_PEERS]
+    return [n for n in names if n not in VARLEN_ONLY_PEERS]
+
 
 def peers_for(case: Case, config: BenchConfig, block_n: int | None) -> list[tuple[Peer, tuple[int, ...] | None]]:
     """The implementations to run on one case, torch's first: if one of ours faults the CUDA context, the
     peers' rows are already measured."""
-    out = [(PEERS[name], None) for name in config.peers if name != "flashgen"]
-    if "flashgen" in config.peers and block_n is not None:
-        out += [(Peer(split_impl(s), _flashgen_calls(s)), s) for s in splits_for(block_n, config.splits)]
+    table = VARLEN_PEER_IMPLS if case.varlen else PEERS
+    names = peer_names(case, config.peers)
+    out = [(table[name], None) for name in names if name != "flashgen"]
+    if "flashgen" in names and block_n is not None:
+        calls = _flashgen_varlen_calls if case.varlen else _flashgen_calls
+        out += [(Peer(split_impl(s), calls(s)), s) for s in splits_for(block_n, config.splits)]
     return out
 
 
@@ -788,12 +1234,14 @@ def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchC
             out = calls[0]()
             torch.cuda.synchronize()
             with peer.steady(torch):
-                err = rel_err(out, inputs.ref)
+                err = rel_err(peer.output(out, inputs), inputs.ref)
                 del out
                 rotate = itertools.cycle(calls).__next__
                 estimate = time_gpu(torch, lambda: rotate()(), warmup=1, iters=3)
                 iters = iterations_within(TIME_BUDGET_MS, estimate, config.iters)
                 ms = time_gpu(torch, lambda: rotate()(), warmup=config.warmup, iters=iters)
+    except Unavailable as e:
+        return Row(peer.name, case, pv_split=split, skipped=str(e))
     except Exception as e:  # one failing peer is a row, never the end of the run
         return Row(peer.name, case, pv_split=split, error=f"{type(e).__name__}: {e}")
     note = None if math.isfinite(err) else "output holds NaN or inf"
@@ -829,8 +1277,8 @@ def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[R
     try:
         inputs = make_inputs(torch, case)
     except Exception as e:
-        return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}") for name in config.peers], \
-            cuda_fault(torch)
+        return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}")
+                       for name in peer_names(case, config.peers)], cuda_fault(torch)
     for peer, split in peers_for(case, config, block_n):
         row = measure(torch, peer, split, case, inputs, config)
         rows.append(row)
@@ -857,9 +1305,12 @@ def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stde
     fault = None
     for i, case in enumerate(config.cases):
         if fault:
-            rows += [Row(name, case, error=fault) for name in config.peers]
+            rows += [Row(name, case, error=fault) for name in peer_names(case, config.peers)]
             continue
         progress(f"[{i + 1}/{len(config.cases)}] {case.label}")
+        if case.varlen:
+            progress(f"  seqlens {list(case.lens)}; padding efficiency {case.padding_efficiency:.0%} "
+                     f"(the cudnn yardstick runs the zero-padded ({case.batch}, {case.seq}) batch)")
         case_rows, fault = bench_case(torch, case, config, progress)
         rows += case_rows
     return BenchResult(meta, tuple(finalize(rows)), config.mode)
@@ -965,12 +1416,10 @@ def import_seconds() -> float | None:
 
 def compile_specs(config: BenchConfig) -> list:
     from codegen.plan import resolve
-    from codegen.spec import KernelSpec
 
     specs = []
     for case in config.cases:
-        base = KernelSpec(seq_len=case.seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype,
-                          causal=case.causal, kv_heads=case.kv_heads)
+        base = kernel_spec(case)
         for split in config.splits or ((),):
             specs.append(resolve(base.replace(pv_split=split)))
     return specs

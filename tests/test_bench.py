@@ -3,9 +3,11 @@ bookkeeping (with a stand-in for torch.cuda) and the compile-time report (real N
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import re
 import types
 from dataclasses import dataclass
 
@@ -143,6 +145,8 @@ def test_coverage_matrix_has_the_causal_and_gqa_shapes():
         "(4,4096,32,128) kv8 bf16 causal",
         "(1,16384,16,128) kv2 bf16 causal",
         "(16,1024,32,64) kv8 bf16 non-causal",
+        "varlen(16 seqs, 40960 tok, max 4096; 32,128) bf16 non-causal",
+        "varlen(16 seqs, 40960 tok, max 4096; 32,128) kv8 bf16 causal",
     ]
     assert config.peers == bench.MATRIX_PEERS
     assert not any(c.gqa for c in bench.MATRICES["default"]) and len(bench.MATRICES["default"]) == 8
@@ -490,6 +494,341 @@ def test_bench_without_a_gpu_says_so(capsys, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+# ---------------------------------------------------------------------------------------------- varlen
+
+RAGGED = bench.varlen_case((1000, 4096, 2311), 32, 128, "bf16")
+
+
+def test_ragged_lengths_are_deterministic_and_sum_to_the_total():
+    lens = bench.ragged_lengths(16, 4096, 40960)
+    assert lens == bench.ragged_lengths(16, 4096, 40960)  # a fixed seed: the same batch every run
+    assert len(lens) == 16 and sum(lens) == 40960 and max(lens) == 4096 and min(lens) >= 1024
+    assert all(isinstance(n, int) for n in lens)
+    assert lens != tuple(sorted(lens))  # shuffled: the longest is not always first
+    assert bench.ragged_lengths(16, 4096, 40960, seed=1) != lens and sum(bench.ragged_lengths(16, 4096, 40960,
+                                                                                             seed=1)) == 40960
+    free = bench.ragged_lengths(16, 4096)  # no total: the plain draw, still deterministic
+    assert free == bench.ragged_lengths(16, 4096) and max(free) == 4096 and min(free) >= 1024
+
+
+@pytest.mark.parametrize("count, max_len, total", [(16, 4096, 40960), (8, 16384, 65536), (4, 100, 175), (4, 100, 400),
+                                                   (3, 1000, 2999), (1, 77, 77), (64, 512, 20000), (5, 8, None)])
+def test_ragged_lengths_reach_every_feasible_total(count, max_len, total):
+    lens = bench.ragged_lengths(count, max_len, total)
+    assert len(lens) == count and max(lens) == max_len and min(lens) >= max(1, max_len // 4)
+    assert total is None or sum(lens) == total
+    if total == count * max_len:
+        assert set(lens) == {max_len}
+    if total == max_len + (count - 1) * (max_len // 4):
+        assert sorted(lens) == [max_len // 4] * (count - 1) + [max_len]
+
+
+def test_matrix_varlen_batches_are_pinned():
+    # Changing the generator changes these batches and breaks comparisons with earlier runs: do so on purpose.
+    assert bench.ragged_lengths(**bench.VARLEN_4K) == (2981, 2051, 1156, 2943, 2713, 2233, 2568, 3085, 2648, 4096,
+                                                       1561, 2457, 2145, 3058, 3380, 1885)
+    assert bench.ragged_lengths(**bench.VARLEN_16K) == (16384, 9150, 5015, 7408, 8735, 4096, 7664, 7084)
+
+
+def test_parse_varlen_takes_lengths_or_a_ragged_spec():
+    assert bench.parse_varlen("1000,4096,2311") == (1000, 4096, 2311)
+    assert bench.parse_varlen(" 7 ") == (7,)
+    assert bench.parse_varlen("16x4096=40960") == bench.ragged_lengths(16, 4096, 40960)
+    assert bench.parse_varlen("16 X 4096") == bench.parse_varlen("16*4096") == bench.ragged_lengths(16, 4096)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "--varlen expects the sequence lengths"), ("16x", "--varlen expects"), ("x4096", "--varlen expects"),
+    ("16x4096=", "--varlen expects"), ("1,a,3", "--varlen expects"), ("4096;2048", "--varlen expects"),
+    ("-5,3", "--varlen expects"), ("1,,3", "--varlen expects"), ("16x4096=40960=1", "--varlen expects"),
+    ("2.5,3", "--varlen expects"), ("1,0,3", "at least 1"), ("0x4096", "at least 1"), ("16x0", "at least 1"),
+    ("16x4096=100", "sum to 19456..65536 tokens, not 100"), ("16x4096=70000", "not 70000"),
+])
+def test_malformed_varlen_is_a_usage_error(text, why):
+    with pytest.raises(BenchUsageError, match=re.escape(why)):
+        bench.parse_varlen(text)
+
+
+def test_bench_main_reports_a_malformed_varlen_with_status_2(capsys):
+    assert bench.bench_main(["--varlen", "16x", "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --varlen expects the sequence lengths L1,L2,... (e.g. 1000,4096,2311) or "
+                          "COUNTxMAX[=TOTAL]") and "'16x'" in err
+
+
+def test_varlen_cases_reach_the_config():
+    config = bench.parse_config(["--varlen", "16x4096=40960", "--heads", "32", "--head-dim", "128", "--kv-heads",
+                                 "8", "--dtype", "bf16", "--causal", "--shape", "1,1024,8,64"])
+    lens = bench.ragged_lengths(16, 4096, 40960)
+    assert config.mode == "table" and config.peers == bench.ALL_PEERS
+    assert config.cases == (Case(1, 1024, 8, 64, "bf16", True),
+                            bench.varlen_case(lens, 32, 128, "bf16", causal=True, kv_heads=8))
+    varlen = config.cases[1]
+    assert varlen.varlen and (varlen.batch, varlen.seq, varlen.total_tokens) == (16, 4096, 40960) and varlen.gqa
+    defaults = bench.parse_config(["--varlen", "300,200"]).cases[0]
+    assert (defaults.heads, defaults.dim, defaults.kv_heads, defaults.dtype, defaults.lens) == (32, 128, 32, "f16",
+                                                                                                  (300, 200))
+    compile_config = bench.parse_config(["--compile", "--varlen", "300,200", "--no-save"])
+    assert compile_config.cases == (defaults,)
+    spec = bench.compile_specs(compile_config)[0]  # the varlen kernel where the generator has one
+    assert spec.seq_len == 300 or (getattr(spec, "varlen", False) and spec.seq_len >= 300)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--matrix", "varlen", "--varlen", "100,200"], "drop --shape and --varlen"),
+    (["--shape", "1,1024,64,128", "--heads", "8"], "--heads describe(s) --varlen cases"),
+    (["--shape", "1,1024,64,128", "--head-dim", "64", "--kv-heads", "2"], "--head-dim, --kv-heads describe"),
+    (["--varlen", "100,200", "--kv-heads", "5"], "multiple of K/V heads 5"),
+    (["--varlen", "100,200", "--heads", "0"], "at least 1"),
+])
+def test_bad_varlen_command_lines_are_usage_errors(argv, why):
+    with pytest.raises(BenchUsageError, match=re.escape(why)):
+        bench.parse_config(argv)
+
+
+def test_varlen_matrix_and_coverage():
+    config = bench.parse_config(["--matrix", "varlen"])
+    assert config.mode == "matrix" and all(c.varlen and c.dtype == "bf16" and c.dim == 128 for c in config.cases)
+    assert [(c.batch, c.seq, c.heads, c.kv_heads, c.causal) for c in config.cases] == [
+        (16, 4096, 32, 32, False), (16, 4096, 32, 32, True), (16, 4096, 32, 8, True),
+        (8, 16384, 16, 16, False), (8, 16384, 16, 16, True)]
+    assert {"cudnn_varlen", "flash_varlen"} <= set(config.peers)
+    assert sum(c.varlen for c in bench.MATRICES["coverage"]) == 2
+    assert not any(c.varlen for c in bench.MATRICES["default"] + bench.MATRICES["quick"])
+
+
+def test_a_varlen_case_is_consistent_with_its_lengths():
+    assert RAGGED == Case(3, 4096, 32, 128, "bf16", lens=[1000, 4096, 2311])
+    assert RAGGED != Case(3, 4096, 32, 128, "bf16")
+    with pytest.raises(BenchUsageError, match="batch = 2 sequences and seq = the longest, 9"):
+        Case(2, 10, 4, 64, lens=(3, 9))
+    with pytest.raises(BenchUsageError, match="at least one sequence"):
+        bench.varlen_case((), 4, 64)
+    assert RAGGED.label == "varlen(3 seqs, 7407 tok, max 4096; 32,128) bf16 non-causal"
+    small = bench.varlen_case((5, 9), 8, 64, "f16", True, 2)
+    assert small.label == "varlen(2 seqs, 14 tok, max 9; 8,64) kv2 f16 causal"
+
+
+def test_varlen_flops_are_summed_per_sequence():
+    squares = 1000**2 + 4096**2 + 2311**2
+    assert RAGGED.flops == 4 * 32 * 128 * squares
+    assert bench.varlen_case(RAGGED.lens, 32, 128, causal=True).flops == 2 * 32 * 128 * squares  # halved
+    assert RAGGED.padded_flops == 4 * 3 * 32 * 4096**2 * 128 != RAGGED.flops
+    assert RAGGED.padding_efficiency == pytest.approx(squares / (3 * 4096**2))
+    assert bench.varlen_case(RAGGED.lens, 32, 128, kv_heads=4).flops == RAGGED.flops  # K/V heads change nothing
+    assert bench.varlen_case((1024,) * 4, 32, 128).flops == Case(4, 1024, 32, 128).flops  # equal lengths: dense
+    assert SEED.padding_efficiency == 1.0 and SEED.total_tokens == 1024
+    assert RAGGED.total_tokens == 7407 and RAGGED.tensor_bytes == 7407 * 32 * 128 * 2
+    assert RAGGED.scores == 32 * squares
+    assert Row("flashgen", RAGGED, ms=2.0).tflops == pytest.approx(RAGGED.flops / 2.0 / 1e9)  # useful work
+
+
+def test_varlen_rows_name_their_yardstick_in_json():
+    d = Row("cudnn", RAGGED, ms=1.0).to_json()
+    assert (d["B"], d["S"], d["H"], d["H_kv"], d["D"]) == (3, 4096, 32, 32, 128)
+    assert d["yardstick"] == "cudnn-padded" and d["varlen"] is True and d["seqlens"] == [1000, 4096, 2311]
+    assert d["total_tokens"] == 7407 and d["flops"] == RAGGED.flops
+    assert d["padding_efficiency"] == pytest.approx(RAGGED.padding_efficiency)
+    dense = Row("cudnn", SEED, ms=1.0).to_json()
+    assert dense["yardstick"] == "cudnn" and dense["varlen"] is False and dense["seqlens"] is None
+    assert dense["total_tokens"] == 1024 and dense["padding_efficiency"] == 1.0
+    json.dumps(d, allow_nan=False)
+
+
+def test_varlen_peers_and_their_order():
+    config = bench.parse_config(["--varlen", "100,200"])
+    order = [(p.name, split) for p, split in bench.peers_for(config.cases[0], config, block_n=128)]
+    assert order == [("cudnn", None), ("flex", None), ("cudnn_varlen", None), ("flash_varlen", None),
+                     ("flashgen[96+32]", (96, 32)), ("flashgen[64+64]", (64, 64))]
+    (padded, _), *_ = bench.peers_for(config.cases[0], config, block_n=128)
+    assert padded is bench.VARLEN_PEER_IMPLS["cudnn"] and padded.output is bench._unpadded
+    dense = bench.parse_config(["--shape", "1,1024,64,128", "--all-peers"])
+    names = [p.name for p, _ in bench.peers_for(dense.cases[0], dense, block_n=128)]
+    assert "cudnn_varlen" not in names and "flash_varlen" not in names and "unfused" in names
+    assert bench.peer_names(RAGGED, bench.ALL_PEERS) == ["flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen"]
+
+
+def _varlen_rows(case=RAGGED):
+    return [Row("cudnn", case, ms=2.0, rel_err=4e-3), Row("cudnn_varlen", case, ms=1.0, rel_err=4e-3),
+            Row("flashgen[96+32]", case, ms=0.8, rel_err=2e-3, pv_split=(96, 32))]
+
+
+def test_varlen_ratios_are_to_the_padded_cudnn_and_averaged_apart():
+    rows = bench.finalize(_rows() + _varlen_rows())
+    by = {(r.impl, r.case): r for r in rows}
+    assert by[("flashgen", RAGGED)].ratio_to_cudnn == pytest.approx(2.5)
+    assert by[("cudnn_varlen", RAGGED)].ratio_to_cudnn == pytest.approx(2.0)
+    table = bench.summary_table(rows)
+    assert table[0] == ["shape", "cuDNN ms", "cuDNN TFLOPS", "flashgen", "cudnn_varlen"]
+    assert table[2][0] == RAGGED.label + " (vs cudnn-padded)" and table[2][3] == "2.500x (96+32)"
+    assert table[-2][0] == "geomean" and table[-2][3] == f"{0.0636 / 0.055:.3f}x (1/1)" and table[-2][4] == "- (0/1)"
+    assert table[-1] == ["geomean varlen (vs cudnn-padded)", "", "", "2.500x (1/1)", "2.000x (1/1)"]
+    only_varlen = bench.summary_table(bench.finalize(_varlen_rows()))
+    assert [r[0] for r in only_varlen[1:]] == [RAGGED.label + " (vs cudnn-padded)", "geomean varlen (vs cudnn-padded)"]
+
+
+def test_varlen_tables_and_markdown_say_padded(tmp_path):
+    causal = bench.varlen_case(RAGGED.lens, 32, 128, "bf16", causal=True)
+    rows = bench.finalize(_varlen_rows() + _varlen_rows(causal))
+    names = [r[0] for r in bench.case_table(rows)[1:]]
+    assert "cudnn (padded, key-padding mask)" in names and "cudnn (padded)" in names
+    meta = {"gpu": "NVIDIA H200", "date_utc_stamp": "20261130T120000Z"}
+    (path, md_path, *_) = bench.save_results(bench.BenchResult(meta, tuple(rows), "table"), tmp_path)
+    md = md_path.read_text()
+    assert "Sequence lengths (q = k): 1000, 4096, 2311" in md and "zero-padded (3, 4096) batch" in md
+    assert "padding efficiency" in md and "| geomean varlen (vs cudnn-padded) |" in md
+    data = json.loads(path.read_text())
+    assert {r["yardstick"] for r in data} == {"cudnn-padded"} and all(r["seqlens"] == [1000, 4096, 2311]
+                                                                       for r in data)
+
+
+def _unavailable_torch():
+    return types.SimpleNamespace(__version__="2.0.0", ops=types.SimpleNamespace(aten=types.SimpleNamespace()))
+
+
+@pytest.mark.parametrize("name", ["cudnn_varlen", "flash_varlen"])
+def test_a_torch_without_ragged_kernels_skips_their_rows(name):
+    inputs = bench.Inputs(sets=(), ref=None)
+    row = bench.measure(_unavailable_torch(), bench.VARLEN_PEER_IMPLS[name], None, RAGGED, inputs,
+                        bench.parse_config(["--varlen", "100,200"]))
+    assert row.skipped.startswith("torch 2.0.0 has no aten::_") and row.ms is None and row.error is None
+
+
+def test_aten_op_checks_the_arguments_it_will_pass():
+    torch = pytest.importorskip("torch")
+    # The keywords the ragged peers pass are in this torch's schemas (on the GPU machine too, or skipped rows).
+    kwargs = bench._ragged_kwargs(bench.Inputs((), None, cu_seqlens=None), RAGGED)
+    assert bench.aten_op(torch, "_flash_attention_forward", ("query", "key", "value", *kwargs))
+    assert bench.aten_op(torch, "_cudnn_attention_forward", ("query", "attn_bias", "compute_log_sumexp", *kwargs))
+    with pytest.raises(bench.Unavailable, match="takes no seqlens_q"):
+        bench.aten_op(torch, "_flash_attention_forward", ("query", "seqlens_q"))
+
+
+def test_flashgen_without_a_varlen_api_skips_its_rows(monkeypatch):
+    import codegen.api
+
+    def dense_only(q, k, v, *, causal=False, scale=None, pv_split=None):
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(codegen.api, "prepare", dense_only)
+    peer = bench.Peer("flashgen[96+32]", bench._flashgen_varlen_calls((96, 32)))
+    row = bench.measure(None, peer, (96, 32), RAGGED, bench.Inputs((), None),
+                        bench.parse_config(["--varlen", "100,200"]))
+    assert row.skipped and "no varlen interface" in row.skipped
+    rows = bench.finalize([Row("cudnn", RAGGED, ms=1.0), row])
+    assert "no PV split ran" in next(r for r in rows if r.impl == "flashgen").error
+
+
+def test_flashgen_varlen_calls_use_the_lead_interface(monkeypatch):
+    import codegen.api
+
+    seen = []
+
+    class Prepared:
+        def __call__(self):
+            return "o"
+
+    def prepare(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                scale=None, window=None, softcap=0.0, pv_split=None):
+        seen.append((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, pv_split))
+        return Prepared()
+
+    monkeypatch.setattr(codegen.api, "prepare", prepare)
+    case = bench.varlen_case((5, 9), 8, 64, "f16", True, 2)
+    inputs = bench.Inputs((("q0", "k0", "v0"), ("q1", "k1", "v1")), None, cu_seqlens="cu")
+    calls = bench._flashgen_varlen_calls((64, 64))(None, inputs, case)
+    assert [c() for c in calls] == ["o", "o"]
+    assert seen == [("q0", "k0", "v0", "cu", "cu", 9, 9, True, (64, 64)), ("q1", "k1", "v1", "cu", "cu", 9, 9, True,
+                                                                            (64, 64))]
+
+
+def test_padding_helpers():
+    torch = pytest.importorskip("torch")
+    assert bench.cu_seqlens_of((2, 3, 1)) == [0, 2, 5, 6]
+    rows = bench.padded_rows(torch, (2, 3, 1), 3)
+    assert rows.tolist() == [0, 1, 3, 4, 5, 6]
+    packed = torch.arange(1, 7, dtype=torch.float32)[:, None, None].expand(6, 2, 4).contiguous()
+    padded = bench.pad_packed(torch, packed, (2, 3, 1), 3)
+    assert padded.shape == (3, 3, 2, 4)
+    assert padded[:, :, 0, 0].tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0]]
+    assert torch.equal(bench.unpad(padded, rows), packed)
+    bias = bench.key_padding_bias(torch, (2, 3, 1), 3, torch.float16)
+    assert bias.shape == (3, 1, 1, 3) and bias.dtype == torch.float16
+    assert bias[:, 0, 0].tolist() == [[0, 0, -math.inf], [0, 0, 0], [0, -math.inf, -math.inf]]
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_reference_is_attention_per_sequence(causal, kv_heads):
+    torch = pytest.importorskip("torch")
+    lens, heads, kv = (5, 17, 1, 30), 4, kv_heads or 4
+    q = torch.randn(sum(lens), heads, 64, dtype=torch.float64)
+    k, v = (torch.randn(sum(lens), kv, 64, dtype=torch.float64) for _ in range(2))
+    ref = bench.varlen_reference(q, k, v, lens, causal=causal)
+    assert ref.shape == q.shape and ref.dtype == torch.float64
+    start = 0
+    for n in lens:  # SDPA's float64 math, one sequence at a time: an independent check
+        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
+        ks, vs = (t.repeat_interleave(heads // kv, dim=0) for t in (ks, vs))
+        want = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(0, 1)
+        assert torch.allclose(ref[start:start + n], want, rtol=0, atol=1e-12)
+        start += n
+
+
+def test_make_varlen_inputs_on_the_cpu():
+    torch = pytest.importorskip("torch")
+    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", False, 2)
+    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
+    assert len(inputs.sets) == bench.input_set_count(case) == bench.MAX_INPUT_SETS
+    q, k, v = inputs.sets[0]
+    assert q.shape == (53, 4, 64) and k.shape == v.shape == (53, 2, 64)
+    assert inputs.padded[0][0].shape == (4, 30, 4, 64) and inputs.padded[0][1].shape == (4, 30, 2, 64)
+    assert torch.equal(bench.unpad(inputs.padded[1][2], inputs.valid), inputs.sets[1][2])
+    assert inputs.cu_seqlens.tolist() == [0, 5, 22, 23, 53] and inputs.cu_seqlens.dtype == torch.int32
+    assert inputs.doc_ids.tolist() == [0] * 5 + [1] * 17 + [2] + [3] * 30
+    assert inputs.key_mask.shape == (4, 1, 1, 30)
+    assert bench.make_varlen_inputs(torch, bench.varlen_case((5, 9), 4, 64, causal=True), "cpu").key_mask is None
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_cudnn_peer_is_right_on_the_valid_rows(causal, kv_heads):
+    torch = pytest.importorskip("torch")
+    from codegen.check import rel_err
+
+    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
+    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
+    peer = bench.VARLEN_PEER_IMPLS["cudnn"]
+    calls = peer.make(torch, inputs, case)  # SDPA's default backend on the CPU, on the padded batch
+    assert len(calls) == len(inputs.sets) and calls[0]().shape == (4, 30, 4, 64)
+    assert rel_err(peer.output(calls[0](), inputs), inputs.ref) < 1e-5
+    if not causal:  # the key-padding mask is what makes it right: without it tokens attend to the padding
+        unmasked = dataclasses.replace(inputs, key_mask=None)
+        assert rel_err(peer.output(peer.make(torch, unmasked, case)[0](), inputs), inputs.ref) > 1e-2
+
+
+@pytest.mark.filterwarnings("ignore:.*without torch.compile")
+@pytest.mark.parametrize("kv_heads", [None, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_varlen_peer_masks_each_sequence(causal, kv_heads, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from codegen.check import rel_err
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
+    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
+    calls = bench._flex_varlen_calls(torch, inputs, case)
+    assert calls[0]().shape == (53, 4, 64)
+    assert rel_err(calls[0](), inputs.ref) < 1e-5
+
+
+def test_flash_varlen_calls_build_against_this_torch():
+    torch = pytest.importorskip("torch")
+    inputs = bench.make_varlen_inputs(torch, bench.varlen_case((5, 9), 4, 64), device="cpu")
+    assert len(bench._flash_varlen_calls(torch, inputs, RAGGED)) == len(inputs.sets)  # (runs on CUDA only)
+
+
 # ---------------------------------------------------------------------------------------------- compile time
 
 
@@ -555,3 +894,24 @@ def test_bench_one_small_gqa_shape_on_the_gpu():
     assert rows["flashgen"].ok and rows["unfused"].ok, [r.error for r in result.rows]
     assert rows["flashgen"].rel_err < 2e-3 and rows["unfused"].rel_err < 2e-2
     assert {"cudnn", "flex"} <= set(rows)  # measured, or an error row where this torch lacks GQA there
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_bench_one_small_varlen_shape_on_the_gpu(causal):
+    peers = "flashgen,cudnn,cudnn_varlen,flash_varlen,flex"
+    config = bench.parse_config(["--varlen", "200,1024,515,64", "--heads", "8", "--kv-heads", "2", "--iters", "5",
+                                 "--warmup", "2", "--no-save", "--peers", peers] + (["--causal"] if causal else []))
+    result = bench.run_gpu(config, progress=lambda line: None)
+    rows = {r.impl: r for r in result.rows}
+    assert {"cudnn", "cudnn_varlen", "flash_varlen", "flex", "flashgen"} <= set(rows)  # measured, skipped or error
+    padded = rows["cudnn"]  # the yardstick: cuDNN on the zero-padded (4, 1024) batch, error over the valid rows
+    assert padded.ok and padded.rel_err < 2e-3 and padded.ratio_to_cudnn == pytest.approx(1.0), padded.error
+    assert padded.to_json()["yardstick"] == "cudnn-padded"
+    for name in ("flex", "cudnn_varlen", "flash_varlen"):  # where they run, they must be right
+        assert rows[name].skipped or rows[name].error or rows[name].rel_err < 2e-3, rows[name]
+    splits = [r for r in result.rows if r.impl.startswith("flashgen[")]
+    if splits and all(r.skipped and "no varlen interface" in r.skipped for r in splits):
+        pytest.skip(f"flashgen's varlen API is not in this tree: {splits[0].skipped}")
+    assert rows["flashgen"].ok and rows["flashgen"].rel_err < 2e-3, [r.error or r.skipped for r in splits]
+    assert rows["flashgen"].ratio_to_cudnn > 0
