@@ -58,7 +58,7 @@ def _print_text(d: OperandDerivation) -> None:
     print(f"layout {d.operand} on {d.arch}: head_dim {d.head_dim}, {d.block_rows} rows, {d.dtype} ({d.elem_bytes} B)")
     print(f"coords: {coords}")
     print(f"formula (bytes): {d.formula_c}")
-    if d.operand == "v" and d.tensor_map.kind == "key_group_atoms":
+    if d.operand == "v" and d.tensor_map.kind == "key_group_atoms" and d.tensor_map.atom_cols == 64:  # the seed's fields
         print(f"formula (elements, seed fields): {to_c(element_formula(d))}")
     print(f"shared memory: {d.smem_bytes} B, align {d.smem_align} B, swizzle {d.swizzle.name}")
     fields = d.descriptor_fields()
