@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import LayoutError
 from .linear import LinearLayout, log2_exact
 
@@ -36,11 +38,41 @@ def _accumulator_bases(n: int) -> dict[str, list[dict[str, int]]]:
     }
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def wgmma_accumulator(n: int) -> LinearLayout:
-    """(lane, warp, reg) -> (row, col) of the 64 x n f32 accumulator of one warpgroup."""
+    """(lane, warp, reg) -> (row, col) of the 64 x n f32 accumulator of one warpgroup.
+
+    For n not a power of two (96, 192) this is the map of the next power of two: the PTX table gives one
+    formula for every N, and an N = n accumulator is its first n/2 values (`check_accumulator_prefix`).
+    """
     if not 8 <= n <= 256 or n % 8:
         raise LayoutError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return LinearLayout(_accumulator_bases(n), {"lane": 32, "warp": 4, "reg": n // 2}, {"row": 64, "col": n})
+    p = _pow2_at_least(n)
+    return LinearLayout(_accumulator_bases(p), {"lane": 32, "warp": 4, "reg": p // 2}, {"row": 64, "col": p})
+
+
+def check_accumulator_prefix(n: int, full: int = 256) -> None:
+    """Values 0..n/2-1 of each thread under the N = `full` map cover the 64 x n tile, every element once.
+
+    The template indexes every accumulator (S with N = block_n, O with N = head_dim) through the N = 256
+    expressions of `wgmma_accumulator_c`; this is what makes that right for any smaller N.
+    """
+    acc = wgmma_accumulator(full)
+    if not 8 <= n <= full or n % 8:
+        raise LayoutError(f"accumulator N = {n}: must be a multiple of 8 in 8..{full}")
+    lane, warp, reg = np.meshgrid(np.arange(32), np.arange(4), np.arange(n // 2), indexing="ij")
+    at = acc.apply({"lane": lane.ravel(), "warp": warp.ravel(), "reg": reg.ravel()})
+    row, col = np.asarray(at["row"]), np.asarray(at["col"])
+    outside = np.nonzero(col >= n)[0]
+    if outside.size:
+        i = outside[0]
+        raise LayoutError(f"N = {n}: value {int(reg.ravel()[i])} of lane {int(lane.ravel()[i])}, warp "
+                          f"{int(warp.ravel()[i])} lands in column {int(col[i])}, outside the tile")
+    if np.unique(row * n + col).size != 64 * n:
+        raise LayoutError(f"N = {n}: the first {n // 2} values of each thread do not cover the 64 x {n} tile once each")
 
 
 def wgmma_a_registers() -> LinearLayout:
@@ -109,7 +141,7 @@ def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> s
 
 def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     """Row and column of accumulator value `i` of thread (warp, lane), for any N (the high reg bits only add
-    columns, so the N=256 expression serves every smaller N)."""
+    columns, so the N=256 expression serves every smaller N: `check_accumulator_prefix` proves it per N)."""
     acc = wgmma_accumulator(n)
     names = {"lane": "lane", "warp": "warp", "reg": "i"}
     # A thread's values cover two rows: the one register bit that moves the row picks between them.

@@ -97,6 +97,38 @@ def test_s_accumulator_slices_are_the_pv_a_operand():
         fragments.s_slice_is_a_operand(n)
 
 
+@pytest.mark.parametrize("n", range(8, 257, 8))
+def test_the_n256_accumulator_map_serves_every_smaller_n(n):
+    """acc_row/acc_col come from the N=256 map; for N = 96 (O at D=96) or 192 (O at D=192) the first N/2 values
+    must be exactly the 64 x N tile, and match the PTX fragment formula written out independently."""
+    fragments.check_accumulator_prefix(n)
+    acc = fragments.wgmma_accumulator_c()
+    rows, cols = set(), set()
+    for warp in range(4):
+        for lane in range(32):
+            for i in range(n // 2):
+                env = {"warp": warp, "lane": lane, "i": i}
+                row, col = eval(acc.row_c, {}, env), eval(acc.col_c, {}, env)
+                assert (row, col) == (16 * warp + 8 * ((i >> 1) & 1) + lane // 4, 8 * (i >> 2) + 2 * (lane % 4) + (i & 1))
+                rows.add(row)
+                cols.add(col)
+    assert rows == set(range(64)) and cols == set(range(n))
+
+
+def test_a_prefix_that_leaves_the_tile_is_refused(monkeypatch):
+    # Break the map: swap the column steps of register bits 3 and 6 (16 and 128), so value 8 lands in column 128.
+    real = fragments._accumulator_bases
+
+    def broken(n):
+        bases = real(n)
+        bases["reg"][3], bases["reg"][6] = bases["reg"][6], bases["reg"][3]
+        return bases
+
+    monkeypatch.setattr(fragments, "_accumulator_bases", broken)
+    with pytest.raises(fragments.LayoutError, match="outside the tile"):
+        fragments.check_accumulator_prefix(96)
+
+
 def test_accumulator_expressions_match_the_ptx_fragment_formula():
     acc = fragments.wgmma_accumulator_c()
     for warp in range(4):
