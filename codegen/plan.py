@@ -23,7 +23,11 @@ from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 # Tile choices per head dim (bench/LOG.md has the measurements):
 #   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
 #   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32 (and is why D=256 trails cuDNN).
-DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
+#   D=96 (not yet measured): block_n 128 as at D=128: S 64 + P 32 + O 48 registers; Q 24 KB + 48 KB per K/V
+#     stage fits 4 stages.
+#   D=192 (not yet measured): block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages,
+#     where block_n 128 (96 KB per stage) would not fit even 2.
+DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
 DEFAULT_PV_SPLIT = {128: (96, 32), 64: (32, 32)}
@@ -39,7 +43,8 @@ SMEM_ALIGN_SLACK = 1024
 MAX_STAGES = 4
 # Skip O's rescale when no row max grew (a warp vote per key block). Worth it where O is large; at D=64 the
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
-# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
+# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log). D=96 (48 multiplies) falls
+# with D=64 and D=192 (96) with D=128; neither measured yet.
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 
 
@@ -174,6 +179,7 @@ class Plan:
     def template_context(self, *, probe: bool = False) -> dict:
         s = self.spec
         acc = fragments.wgmma_accumulator_c()
+        _check_fragments(s.block_n, s.head_dim)
         return {
             "summary": f"{s.name}: S={s.seq_len} H={s.heads} D={s.head_dim} {s.dtype} "
                        f"{'causal' if s.causal else 'non-causal'}, block {s.block_m}x{s.block_n}, "
@@ -233,6 +239,15 @@ class Plan:
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 
 
+@functools.lru_cache(maxsize=64)
+def _check_fragments(block_n: int, head_dim: int) -> None:
+    """The template indexes S (N = block_n) and O (N = head_dim) with the N=256 accumulator expressions and
+    packs P straight from S: prove both for these N before rendering."""
+    for n in (block_n, head_dim):
+        fragments.check_accumulator_prefix(n)
+    fragments.s_slice_is_a_operand(block_n)
+
+
 @functools.lru_cache(maxsize=256)
 def _derive_operand(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
     """Derivations are pure and verified once each (sympy makes them ~30 ms): every call with a new shape
@@ -244,6 +259,7 @@ def clear_caches() -> None:
     """Forget resolved specs and derivations (for timing a cold generate-and-compile)."""
     resolve.cache_clear()
     _derive_operand.cache_clear()
+    _check_fragments.cache_clear()
 
 
 def kernel_name(spec: KernelSpec, *, probe: bool = False) -> str:

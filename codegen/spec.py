@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 SUPPORTED_ARCHS = ("sm_90a",)
 SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 # One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
 ROWS_PER_CONSUMER = 64
 MMA_K = 16

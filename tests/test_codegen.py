@@ -17,7 +17,8 @@ from codegen.spec import KernelSpec, SpecError, parse_split
 from layouts import fragments
 
 # Every variant the template can emit: both dtypes, both masks, every head dim and each of its splits.
-SPLITS = {64: [(96, 32), (64, 64)], 128: [(96, 32), (64, 64)], 256: [(32, 32), (64,)]}
+SPLITS = {64: [(96, 32), (64, 64)], 96: [(96, 32), (64, 64)], 128: [(96, 32), (64, 64)], 192: [(32, 32), (64,)],
+          256: [(32, 32), (64,)]}
 VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, pv_split=split)
             for d, splits in SPLITS.items() for split in splits for dt in ("f16", "bf16") for c in (False, True)]
 # The coverage parameters, each at every head dim, in both dtypes between them.
@@ -32,7 +33,7 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
 @pytest.mark.parametrize("kwargs, message", [
     (dict(seq_len=0, heads=1, head_dim=128), "seq_len"),
     (dict(seq_len=128, heads=0, head_dim=128), "heads"),
-    (dict(seq_len=128, heads=1, head_dim=96), "head_dim 96"),
+    (dict(seq_len=128, heads=1, head_dim=80), "head_dim 80"),
     (dict(seq_len=128, heads=1, head_dim=128, dtype="f32"), "dtype"),
     (dict(seq_len=128, heads=1, head_dim=128, arch="sm_80"), "arch"),
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
@@ -81,10 +82,26 @@ def test_spec_name_is_unique_per_variant():
 
 def test_plan_fits_shared_memory_and_aligns_swizzled_tiles():
     for spec in VARIANTS:
-        smem = make_plan(spec).smem
+        plan = make_plan(spec)
+        smem = plan.smem
         assert smem.total <= 227 * 1024
+        assert plan.smem_align == (512 if spec.head_dim == 96 else 1024)  # the 64B swizzle repeats every 512 B
         for offset in (smem.q_offset, smem.k_offset, smem.v_offset, smem.q_bytes, smem.k_bytes, smem.v_bytes):
-            assert offset % 1024 == 0
+            assert offset % plan.smem_align == 0
+
+
+@pytest.mark.parametrize("head_dim, block_n, split, stages, rescale", [
+    (64, 128, (96, 32), 4, False), (96, 128, (96, 32), 4, False), (128, 128, (96, 32), 3, True),
+    (192, 64, (32, 32), 3, True), (256, 64, (32, 32), 2, True)])
+def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
+    spec = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim))
+    assert (spec.block_n, spec.pv_split, spec.stages) == (block_n, split, stages)
+    assert make_plan(spec).template_context()["conditional_rescale"] is rescale
+
+
+def test_d192_block_n_128_does_not_fit():
+    with pytest.raises(SpecError, match="shared memory"):
+        make_plan(resolve(KernelSpec(seq_len=1024, heads=16, head_dim=192, block_n=128, pv_split=(96, 32)))).smem
 
 
 def test_pv_chunks_cover_the_key_block_in_order():
@@ -168,9 +185,34 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     assert ops["LDL"] == 0 and ops["STL"] == 0, "local memory in the kernel"
 
 
-def test_probe_variant_compiles():
-    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=128)), probe=True)
+@pytest.mark.parametrize("head_dim", (128, 96, 192))
+def test_probe_variant_compiles(head_dim):
+    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=head_dim)), probe=True)
     assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
+    assert built.compiled.spill_stores.get(built.rendered.kernel_name, 0) == 0
+
+
+@pytest.mark.parametrize("head_dim, atoms", [(96, (32, 64)), (192, (64, 128))])
+def test_probe_injects_into_every_swizzle_atom(head_dim, atoms):
+    from codegen.probe import probe_injections
+
+    injected = probe_injections(resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim)))
+    for operand, col in (("q", "k"), ("k", "k"), ("v", "n")):
+        cols = {at[col] for op, at in injected if op == operand}
+        assert set(atoms) <= cols and max(cols) < head_dim
+
+
+@pytest.mark.parametrize("head_dim", (96, 192))
+def test_three_atom_kernel_renders_its_derived_numbers(head_dim):
+    plan = make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=head_dim, dtype="bf16", causal=True))
+    source = render(plan).source
+    for desc in plan.q.descriptors() + plan.k.descriptors() + plan.v.descriptors():
+        assert f"0x{desc:016x}ull" in source
+    assert plan.o.formula_c in source and f"(n >> {5 if head_dim == 96 else 6})" in plan.o.formula_c
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16" in source  # PV: N = head dim
+    assert f"float o[{head_dim // 2}];" in source
+    assert f"& ~{plan.smem_align - 1}u" in source
+    assert len(plan.q.descriptors()) == head_dim // 16  # QK^T runs over every 16-column slice
 
 
 def test_manifest_describes_the_launch():

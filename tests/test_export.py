@@ -21,6 +21,9 @@ CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
 # A bundle with every coverage option, so the launcher's K/V shapes and the example's masks are compiled too.
 COVERAGE = resolve(KernelSpec(seq_len=300, heads=16, head_dim=128, seq_len_k=1000, kv_heads=4, causal=True,
                               window=(256, -1), softcap=30.0, dtype="bf16"))
+# Head dims of three swizzle atoms: 32-column boxes of the 64B swizzle (D=96), 64-column boxes (D=192).
+THREE_ATOMS = [resolve(KernelSpec(seq_len=1000, heads=8, head_dim=96)),
+               resolve(KernelSpec(seq_len=1000, heads=8, head_dim=192, dtype="bf16", causal=True))]
 
 
 def find_nvcc() -> str | None:
@@ -53,8 +56,8 @@ def test_bundle_holds_every_piece(tmp_path):
     assert f"cudaError_t {spec.name}_launch(" in header
 
 
-def test_launcher_uses_the_derived_tensor_maps(tmp_path):
-    spec = CANONICAL[0]
+@pytest.mark.parametrize("spec", CANONICAL[:1] + THREE_ATOMS, ids=lambda s: s.name)
+def test_launcher_uses_the_derived_tensor_maps(tmp_path, spec):
     bundle = export_bundle(spec, tmp_path)
     launcher = (tmp_path / f"{spec.name}_launch.cu").read_text()
     manifest = json.loads((tmp_path / f"{spec.name}.json").read_text())
@@ -68,6 +71,10 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
         assert ", ".join(str(b) for b in described["box"]) in launcher
     assert f"<<<dim3({bundle.built.plan.m_blocks}, {spec.heads}, batch), dim3(384), {bundle.built.plan.smem.total}" \
         in launcher
+    atom = bundle.built.plan.q.tensor_map.atom_cols
+    assert f"(cuuint64_t)({atom}), (cuuint64_t)(S), (cuuint64_t)({spec.head_dim // atom})" in launcher
+    swizzle = {64: "CU_TENSOR_MAP_SWIZZLE_128B", 32: "CU_TENSOR_MAP_SWIZZLE_64B"}[atom]
+    assert launcher.count(swizzle) == 4
 
 
 def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):
@@ -80,7 +87,7 @@ def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS, ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)
