@@ -30,7 +30,12 @@ from .spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
+# Other block_n (80, 96, 112; not measured) end on a 32-key chunk the same way.
 DEFAULT_PV_SPLIT = {128: (96, 32), 64: (32, 32)}
+
+
+def default_pv_split(block_n: int) -> tuple[int, ...]:
+    return DEFAULT_PV_SPLIT.get(block_n, (block_n - 32, 32))
 
 THREADS_PER_WARPGROUP = 128
 PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
@@ -52,7 +57,7 @@ CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 def resolve(spec: KernelSpec) -> KernelSpec:
     """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
     block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
-    split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
+    split = spec.pv_split or default_pv_split(block_n)
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
     # A window bound that reaches past every key is no bound: one kernel (and no int overflow) for all of them.

@@ -18,8 +18,9 @@ The staged tiles (global tensors are (B, S, H, D), D contiguous, 16-bit elements
 
 S is the widest swizzle whose span divides a row of the head dim (``swizzle.widest_swizzle``): 128 B for
 D = 64, 128, 192, 256 (A = 64 in 16-bit types) and 64 B for D = 96 (A = 32, 192-byte rows). When the
-number of column blocks is not a power of two (3 for D = 96 and 192) the tile is a ``StackedLayout`` (a
-linear block repeated at a byte stride); otherwise ``stacked.stack`` returns one ``LinearLayout``.
+number of column blocks is not a power of two (3 for D = 96 and 192), or the rows are not (80, 96 or 112
+keys: the first rows of a 128-row block, column blocks ``rows * S`` apart), the tile is a ``StackedLayout``
+(a linear block repeated at a byte stride); otherwise ``stacked.stack`` returns one ``LinearLayout``.
 """
 
 from __future__ import annotations
@@ -240,14 +241,14 @@ def _check_spec(operand, arch, head_dim, block_rows, dtype) -> None:
     if head_dim not in HEAD_DIMS:
         raise LayoutError(f"head_dim {head_dim}: supported head dims are {HEAD_DIMS} (whole swizzle atoms per row, "
                           "16-column MMA k-slices)")
-    if not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1):
-        raise LayoutError(f"block_rows {block_rows}: must be a power of two (tiles are GF(2)-linear layouts)")
+    if not isinstance(block_rows, int) or block_rows < 1 or block_rows % 8:
+        raise LayoutError(f"block_rows {block_rows}: must be a multiple of 8 (8-row core matrices and swizzle atoms)")
     if not MIN_BLOCK_ROWS <= block_rows <= MAX_BLOCK_ROWS:
         raise LayoutError(f"block_rows {block_rows}: must be {MIN_BLOCK_ROWS}..{MAX_BLOCK_ROWS} (8-row core matrices, TMA box <= 256)")
     if operand == "q" and arch == "sm_90a" and block_rows < WGMMA_M:
         raise LayoutError(f"block_rows {block_rows} for q on sm_90a: wgmma reads M = {WGMMA_M} rows of A")
-    if operand == "v" and block_rows < 16:
-        raise LayoutError(f"block_rows {block_rows} for v: one MMA consumes 16 keys of V (its K)")
+    if operand == "v" and (block_rows < 16 or block_rows % 16):
+        raise LayoutError(f"block_rows {block_rows} for v: one MMA consumes 16 keys of V (its K), so a multiple of 16")
 
 
 def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
@@ -267,9 +268,11 @@ def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
                        {col: atom_rows * span, key: col_blocks * atom_rows * span})
         kind = "key_group_atoms"
     else:
-        tile = LinearLayout.from_function({row_name: rows, col_name: atom_cols}, {"byte": rows * span},
+        # 80 rows are the first 80 of a 128-row block (a restricted domain); column blocks are 80 rows apart.
+        block_rows = 1 << (rows - 1).bit_length()
+        tile = LinearLayout.from_function({row_name: block_rows, col_name: atom_cols}, {"byte": block_rows * span},
                                           lambda c: c[row_name] * span + c[col_name] * elem_bytes)
-        block = swizzle.layout(rows * span).compose(tile)
+        block = swizzle.layout(block_rows * span).compose(tile)
         layout = stack(block, {row_name: rows, col_name: head_dim}, {col_name: rows * span})
         kind = "row_tiles"
     return layout, kind

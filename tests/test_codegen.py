@@ -21,6 +21,12 @@ SPLITS = {64: [(96, 32), (64, 64)], 96: [(96, 32), (64, 64)], 128: [(96, 32), (6
           256: [(32, 32), (64,)]}
 VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, pv_split=split)
             for d, splits in SPLITS.items() for split in splits for dt in ("f16", "bf16") for c in (False, True)]
+# Key blocks that are not a power of two (FlashAttention-3's 128 x 80 at D=256, 128 x 96/112 at D=192), and one
+# at each other head dim.
+SHORT_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, dtype=dt, causal=c)
+                    for d, n in ((256, 80), (192, 96), (192, 112)) for dt in ("f16", "bf16") for c in (False, True)] + \
+                   [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, pv_split=split)
+                    for d, n, split in ((64, 96, (48, 48)), (96, 112, (112,)), (128, 80, (48, 32)))]
 # The coverage parameters, each at every head dim, in both dtypes between them.
 COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_heads=4, causal=True, dtype="bf16")
             for d in SPLITS] + \
@@ -37,7 +43,9 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
     (dict(seq_len=128, heads=1, head_dim=128, dtype="f32"), "dtype"),
     (dict(seq_len=128, heads=1, head_dim=128, arch="sm_80"), "arch"),
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
-    (dict(seq_len=128, heads=1, head_dim=128, block_n=96), "block_n"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=72), "block_n 72 must be a multiple of 16 in 64..128"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=256), "block_n 256"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=48), "block_n 48"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=1), "stages must be 2..4"),  # one stage would deadlock
     (dict(seq_len=128, heads=1, head_dim=128, window=(2**31, 0)), "window"),
@@ -97,6 +105,23 @@ def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
     spec = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim))
     assert (spec.block_n, spec.pv_split, spec.stages) == (block_n, split, stages)
     assert make_plan(spec).template_context()["conditional_rescale"] is rescale
+
+
+@pytest.mark.parametrize("head_dim, block_n, split, stages", [
+    (256, 80, (48, 32), 2), (192, 96, (64, 32), 2), (192, 112, (80, 32), 2), (128, 80, (48, 32), 4)])
+def test_short_key_blocks_resolve(head_dim, block_n, split, stages):
+    spec = resolve(KernelSpec(seq_len=1000, heads=16, head_dim=head_dim, block_n=block_n))
+    assert (spec.block_n, spec.pv_split, spec.stages) == (block_n, split, stages)
+    plan = make_plan(spec)
+    assert plan.k.block_rows == plan.v.block_rows == block_n and len(plan.v.descriptors()) == block_n // 16
+    assert plan.kv_blocks == -(-1000 // block_n) and plan.smem.k_bytes == block_n * head_dim * 2
+    source = render(plan).source
+    assert f"m64n{block_n}k16" in source and f"float sc[{block_n // 2}];" in source
+
+
+def test_short_key_block_probe_compiles():
+    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=256, block_n=80)), probe=True)
+    assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
 
 
 def test_d192_block_n_128_does_not_fit():
@@ -173,7 +198,7 @@ def test_rendered_source_takes_its_layout_numbers_from_layouts():
     assert plan.o.formula_c in source
 
 
-@pytest.mark.parametrize("spec", VARIANTS + COVERAGE, ids=lambda s: resolve(s).name)
+@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS, ids=lambda s: resolve(s).name)
 def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec):
     built = build(resolve(spec))
     name = built.rendered.kernel_name

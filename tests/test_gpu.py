@@ -22,9 +22,9 @@ LSE_TOLERANCE = 1e-5  # float32 running max and sum; measured ~1e-7
 TINY = 1e-6           # when SDPA is exact (S=1), ours must be too, up to rounding of a copy
 
 
-def run_checked(q, k, v, *, causal=False, split=None, layout="bshd", scale=None):
+def run_checked(q, k, v, *, causal=False, split=None, layout="bshd", scale=None, **tuning):
     """Run with poisoned outputs; return (o, lse) after checking every element was written."""
-    call = prepare(q, k, v, causal=causal, pv_split=split, layout=layout, scale=scale)
+    call = prepare(q, k, v, causal=causal, pv_split=split, layout=layout, scale=scale, **tuning)
     call.o.fill_(float("nan"))
     call.lse.fill_(float("nan"))
     call()
@@ -93,6 +93,19 @@ OTHER_HEAD_DIMS = [(64, (96, 32)), (64, (64, 64)), (96, (96, 32)), (96, (64, 64)
 def test_other_head_dims(head_dim, split, causal):
     q, k, v = (torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o, lse = run_checked(q, k, v, causal=causal, split=split)
+    assert_close_to_reference(q, k, v, o, lse, causal=causal)
+
+
+# Key blocks that are not a power of two (the block_n knob; defaults unchanged): K/V tiles of 80-112 rows.
+SHORT_KEY_BLOCKS = [(256, 80), (192, 96), (192, 112), (128, 80), (96, 112), (64, 96)]
+
+
+@pytest.mark.parametrize("head_dim, block_n", SHORT_KEY_BLOCKS, ids=[f"D{d}-n{n}" for d, n in SHORT_KEY_BLOCKS])
+@pytest.mark.parametrize("dtype", ("f16", "bf16"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_short_key_blocks_match_float64(head_dim, block_n, dtype, causal):
+    q, k, v = (torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    o, lse = run_checked(q, k, v, causal=causal, block_n=block_n)
     assert_close_to_reference(q, k, v, o, lse, causal=causal)
 
 

@@ -43,8 +43,8 @@ def test_check_formula_rejects_unsafe_text(capsys):
 def test_bad_arguments_exit_2(capsys):
     assert layout_main(["--operand", "v", "--arch", "sm_80", "--head-dim", "128", "--block-n", "128",
                         "--dtype", "f16"]) == 2
-    assert layout_main(SEED_ARGS[:7] + ["96", "--dtype", "f16"]) == 2
-    assert "power of two" in capsys.readouterr().err
+    assert layout_main(SEED_ARGS[:7] + ["100", "--dtype", "f16"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err
 
 
 def test_hopper_q_uses_block_m(capsys):
@@ -73,4 +73,5 @@ def test_verify_covers_every_head_dim():
     from layouts.operands import HEAD_DIMS
 
     assert {spec[3] for spec in all_specs()} == set(HEAD_DIMS) == {64, 96, 128, 192, 256}
-    assert len(list(all_specs())) == 300
+    assert {spec[4] for spec in all_specs() if spec[0] == "k"} == {64, 80, 96, 112, 128, 256}
+    assert len(list(all_specs())) == 480

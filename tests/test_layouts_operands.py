@@ -86,8 +86,10 @@ def test_tensor_map_model_catches_a_wrong_stride():
     (dict(dtype="f32"), "dtype"),
     (dict(head_dim=80), "head_dim 80"),
     (dict(head_dim=512), "head_dim 512"),
-    (dict(block_rows=96), "power of two"),
-    (dict(block_rows=4), "8..256"),
+    (dict(block_rows=100), "multiple of 8"),
+    (dict(operand="v", block_rows=40), "multiple of 16"),
+    (dict(block_rows=4), "multiple of 8"),
+    (dict(block_rows=264), "8..256"),
     (dict(block_rows=512), "8..256"),
     (dict(operand="q", block_rows=32), "M = 64"),
     (dict(operand="v", block_rows=8), "16 keys"),
@@ -272,3 +274,41 @@ def test_d96_key_group_v_on_blackwell_stacks_keys_and_atoms():
     f = d.descriptor_fields()
     assert (f["kind"], f["lbo"], f["sbo"], f["swizzle_code"]) == ("tcgen05", 512, 1536, 4)
     assert d.tensor_map.box == (32, 8, 3, 1, 16)
+
+
+# ----- key blocks that are not a power of two (80, 96, 112 keys): a restricted domain of a 128-row block ------
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("rows", [80, 96, 112])
+@pytest.mark.parametrize("operand", ["k", "v"])
+def test_short_key_blocks_match_the_specified_formulas(operand, rows, head_dim):
+    d = derive_operand(operand, arch="sm_90a", head_dim=head_dim, block_rows=rows, dtype="bf16")
+    row, col = COORDS[operand]
+    if head_dim == 96:
+        text = THREE_ATOM_FORMULAS[96]
+    else:  # 64-column atoms of the 128B swizzle, as many as the head dim holds
+        text = "(c>>6)*(R*128) + r*128 + (((c>>3)&7) ^ (r&7))*16 + (c&7)*2"
+    assert d.check_formula(text.replace("R", str(rows)).replace("r", row).replace("c", col)) == []
+    assert isinstance(d.layout, StackedLayout) and d.layout.block.in_dims[row] == 128 and d.layout.in_dims[row] == rows
+    span = d.swizzle.span_bytes
+    assert d.smem_bytes == rows * head_dim * 2 and d.tensor_map.box == (span // 2, rows, head_dim * 2 // span, 1, 1)
+    assert (rows * span) % d.smem_align == 0  # column blocks stay on the swizzle pattern's boundary
+    f = d.descriptor_fields()
+    if operand == "k":  # K-major: N = rows of QK^T, one descriptor per 16 head-dim columns
+        assert (f["sbo"], len(f["slice_start_bytes"]), d.mma_rows) == (8 * span, head_dim // 16, rows)
+    else:  # MN-major: K = rows of PV in 16-key slices, LBO between head-dim atoms rows * span apart
+        assert f["slice_start_bytes"] == [16 * span * j for j in range(rows // 16)]
+        assert f["lbo"] == (rows * span if head_dim * 2 > span else 16) and f["sbo"] == 8 * span
+
+
+def test_a_short_key_block_with_the_power_of_two_stride_is_caught():
+    """Stage 80 keys but keep the 128-row block stride (the old rows * 128 with rows rounded up): the TMA box of
+    80 rows packs the next atom right after row 79, so the model disagrees from the second atom on."""
+    d = derive_operand("v", arch="sm_90a", head_dim=128, block_rows=80, dtype="f16")
+    wrong = "(n>>6)*(128*128) + k*128 + (((n>>3)&7) ^ (k&7))*16 + (n&7)*2"
+    mismatches = d.check_formula(wrong)
+    assert str(mismatches[0]) == "formula: inject (k=0, n=64): expected byte 10240, model reads byte 16384 (k off by 48)"
+    good = d.descriptor_objects()[0]
+    object.__setattr__(d, "descriptor_objects", lambda: [SmemDescriptor(good.kind, 0, 128 * 128, good.sbo, good.swizzle)])
+    object.__setattr__(d, "_slices", (0,))
+    assert any(m.coords == {"k": 0, "n": 64} for m in d._verify_descriptors())
