@@ -92,16 +92,16 @@ def wgmma_a_registers() -> LinearLayout:
 def s_slice_is_a_operand(n: int) -> None:
     """Check that accumulator values 8j..8j+7 of a 64 x n S tile are, in order, the A operand of slice j."""
     acc, a = wgmma_accumulator(n), wgmma_a_registers()
-    for j in range(n // 16):
-        for lane in range(32):
-            for warp in range(4):
-                for r in range(8):
-                    s = acc.apply({"lane": lane, "warp": warp, "reg": 8 * j + r})
-                    p = a.apply({"lane": lane, "warp": warp, "reg": r})
-                    if (s["row"], s["col"] - 16 * j) != (p["row"], p["k"]):
-                        raise LayoutError(
-                            f"S value {8 * j + r} of lane {lane}, warp {warp} is ({s['row']}, {s['col']}), but A "
-                            f"register value {r} of slice {j} is (row {p['row']}, k {16 * j + p['k']})")
+    j, lane, warp, r = (g.ravel() for g in np.meshgrid(np.arange(n // 16), np.arange(32), np.arange(4), np.arange(8),
+                                                       indexing="ij"))
+    s = acc.apply({"lane": lane, "warp": warp, "reg": 8 * j + r})
+    p = a.apply({"lane": lane, "warp": warp, "reg": r})
+    bad = np.nonzero((s["row"] != p["row"]) | (s["col"] - 16 * j != p["k"]))[0]
+    if bad.size:
+        i = bad[0]
+        raise LayoutError(
+            f"S value {8 * j[i] + r[i]} of lane {lane[i]}, warp {warp[i]} is ({s['row'][i]}, {s['col'][i]}), but A "
+            f"register value {r[i]} of slice {j[i]} is (row {p['row'][i]}, k {16 * j[i] + p['k'][i]})")
 
 
 @dataclass(frozen=True)

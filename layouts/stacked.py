@@ -46,7 +46,7 @@ class StackedLayout:
         self._extents: dict[str, int] = {}
         self._counts: dict[str, int] = {}
         self._strides: dict[str, int] = {}
-        for d, inner in block.in_dims.items():
+        for d, inner in block.in_dims.items():  # a stride on a dim that holds one block is never used
             extent = int(extents.get(d, inner))
             if extent > inner:
                 if d not in strides:
@@ -64,7 +64,7 @@ class StackedLayout:
         if size > EXHAUSTIVE_LIMIT:
             raise LayoutError(f"domain of {size} points exceeds the exhaustive-check limit {EXHAUSTIVE_LIMIT}")
         values = np.asarray(self.apply_flat(self.grid()), dtype=np.int64)
-        unique, first, counts = np.unique(values, return_index=True, return_counts=True)
+        unique, counts = np.unique(values, return_counts=True)
         if unique.size != values.size:
             byte = int(unique[np.nonzero(counts > 1)[0][0]])
             hits = np.nonzero(values == byte)[0][:2]

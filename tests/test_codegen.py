@@ -135,8 +135,21 @@ def test_pv_chunks_cover_the_key_block_in_order():
 
 
 def test_s_accumulator_slices_are_the_pv_a_operand():
-    for n in (64, 128):
+    for n in (64, 80, 96, 112, 128):
         fragments.s_slice_is_a_operand(n)
+
+
+def test_a_wrong_a_fragment_is_refused(monkeypatch):
+    real = fragments.wgmma_a_registers
+
+    def swapped():  # register bits 1 and 2 exchanged: rows 8 apart where the table has k 8 apart
+        bases = real().bases
+        bases["reg"][1], bases["reg"][2] = bases["reg"][2], bases["reg"][1]
+        return fragments.LinearLayout(bases, real().in_dims, real().out_dims)
+
+    monkeypatch.setattr(fragments, "wgmma_a_registers", swapped)
+    with pytest.raises(fragments.LayoutError, match="S value 2 of lane 0, warp 0 is \\(8, 0\\)"):
+        fragments.s_slice_is_a_operand(80)
 
 
 @pytest.mark.parametrize("n", range(8, 257, 8))
