@@ -269,10 +269,10 @@ def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
         kind = "key_group_atoms"
     else:
         # 80 rows are the first 80 of a 128-row block (a restricted domain); column blocks are 80 rows apart.
-        block_rows = 1 << (rows - 1).bit_length()
-        tile = LinearLayout.from_function({row_name: block_rows, col_name: atom_cols}, {"byte": block_rows * span},
+        rows_p2 = 1 << (rows - 1).bit_length()
+        tile = LinearLayout.from_function({row_name: rows_p2, col_name: atom_cols}, {"byte": rows_p2 * span},
                                           lambda c: c[row_name] * span + c[col_name] * elem_bytes)
-        block = swizzle.layout(block_rows * span).compose(tile)
+        block = swizzle.layout(rows_p2 * span).compose(tile)
         layout = stack(block, {row_name: rows, col_name: head_dim}, {col_name: rows * span})
         kind = "row_tiles"
     return layout, kind

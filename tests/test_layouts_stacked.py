@@ -110,3 +110,14 @@ def test_a_wrong_block_stride_is_reported_seed_style():
     assert mismatches and str(mismatches[0]) == ("inject (r=0, c=32): expected byte 512, model reads byte 768 "
                                                  "(r off by 4, c off by 16)")
     assert any(m.coords == {"r": 0, "c": 64} for m in mismatches)  # c=64 starts the third atom
+
+
+def test_contiguous_runs_are_the_16_byte_chunks_of_the_swizzle():
+    layout = three_atoms(rows=16)
+    assert layout.contiguous_run("c", 2) == 8   # 8 halves: one 16-byte chunk, which the 64B swizzle moves whole
+    assert layout.contiguous_run("r", 2) == 1   # rows are 64 bytes apart
+    short = stack(swizzled_block(128, 64, 128), {"r": 80, "c": 192}, {"c": 80 * 128})
+    assert short.contiguous_run("c", 2) == 8
+    rows = LinearLayout.from_function({"r": 8, "c": 32}, {"byte": 512}, lambda p: p["r"] * 64 + p["c"] * 2)
+    unswizzled = stack(rows, {"r": 8, "c": 96}, {"c": 512})
+    assert unswizzled.contiguous_run("c", 2) == 32  # a whole 64-byte row, and no further: the next block
