@@ -14,12 +14,12 @@ from dataclasses import dataclass
 SUPPORTED_ARCHS = ("sm_90a",)
 SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+# Keys per K/V tile: N of QK^T and K of PV, so whole 16-key MMA slices. Non-powers of two (80, 96, 112) are
+# stacked layouts, verified like the others.
+SUPPORTED_BLOCK_N = (64, 80, 96, 112, 128)
 # One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
 ROWS_PER_CONSUMER = 64
 MMA_K = 16
-# Keys per K/V tile: N of QK^T (a multiple of 8) and K of PV (a multiple of 16). Non-powers of two (80, 96, 112)
-# are stacked layouts; the layouts are verified for each.
-SUPPORTED_BLOCK_N = tuple(range(64, 129, MMA_K))
 
 
 class SpecError(ValueError):
