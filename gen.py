@@ -51,7 +51,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--split", default="", metavar="96,32", help="PV chunks in keys (default: per shape)")
     parser.add_argument("--arch", default="sm_90a")
-    parser.add_argument("--block-n", type=int, default=0, help="keys per K/V tile (default: per head dim)")
+    parser.add_argument("--block-n", type=int, default=0, help="keys per K/V tile, a multiple of 16 in 64..128 (default: per head dim)")
     parser.add_argument("--stages", type=int, default=0, help="depth of the K/V ring (default: as deep as fits)")
     parser.add_argument("--kv-heads", type=int, default=0, metavar="N",
                         help="K/V heads for grouped-query attention (default: the query heads)")

@@ -23,10 +23,19 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 # Tile choices per head dim (bench/LOG.md has the measurements):
 #   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
 #   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32 (and is why D=256 trails cuDNN).
-DEFAULT_BLOCK_N = {64: 128, 128: 128, 256: 64}
+#   D=96 (not yet measured): block_n 128 as at D=128: S 64 + P 32 + O 48 registers; Q 24 KB + 48 KB per K/V
+#     stage fits 4 stages.
+#   D=192 (not yet measured): block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages,
+#     where block_n 128 (96 KB per stage) would not fit even 2.
+DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
+# Other block_n (80, 96, 112; not measured) end on a 32-key chunk the same way.
 DEFAULT_PV_SPLIT = {128: (96, 32), 64: (32, 32)}
+
+
+def default_pv_split(block_n: int) -> tuple[int, ...]:
+    return DEFAULT_PV_SPLIT.get(block_n, (block_n - 32, 32))
 
 THREADS_PER_WARPGROUP = 128
 PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
@@ -42,7 +51,8 @@ MAX_STAGES = 4
 PERSISTENT_MAX_STAGES = 3
 # Skip O's rescale when no row max grew (a warp vote per key block). Worth it where O is large; at D=64 the
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
-# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log).
+# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log). D=96 (48 multiplies) falls
+# with D=64 and D=192 (96) with D=128; neither measured yet.
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 # Persistent CTAs (one per SM, looping over tiles; bench/LOG.md v7) where every tile does the same work: the
 # next tile's loads hide under this one's epilogue. Non-causal, same run: seed 0.941x -> 1.019x cuDNN,
@@ -60,7 +70,7 @@ MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 def resolve(spec: KernelSpec) -> KernelSpec:
     """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
     block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
-    split = spec.pv_split or DEFAULT_PV_SPLIT[block_n]
+    split = spec.pv_split or default_pv_split(block_n)
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
     # A window bound that reaches past every key is no bound: one kernel (and no int overflow) for all of them.
@@ -212,6 +222,7 @@ class Plan:
     def template_context(self, *, probe: bool = False) -> dict:
         s = self.spec
         acc = fragments.wgmma_accumulator_c()
+        _check_fragments(s.block_n, s.head_dim)
         return {
             "summary": f"{s.name}: S={s.seq_len} H={s.heads} D={s.head_dim} {s.dtype} "
                        f"{'causal' if s.causal else 'non-causal'}, block {s.block_m}x{s.block_n}, "
@@ -275,6 +286,15 @@ class Plan:
         return ", ".join(to_c(sympy.sympify(c)) for c in origin)
 
 
+@functools.lru_cache(maxsize=64)
+def _check_fragments(block_n: int, head_dim: int) -> None:
+    """The template indexes S (N = block_n) and O (N = head_dim) with the N=256 accumulator expressions and
+    packs P straight from S: prove both for these N before rendering."""
+    for n in (block_n, head_dim):
+        fragments.check_accumulator_prefix(n)
+    fragments.s_slice_is_a_operand(block_n)
+
+
 @functools.lru_cache(maxsize=256)
 def _derive_operand(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
     """Derivations are pure and verified once each (sympy makes them ~30 ms): every call with a new shape
@@ -286,6 +306,7 @@ def clear_caches() -> None:
     """Forget resolved specs and derivations (for timing a cold generate-and-compile)."""
     resolve.cache_clear()
     _derive_operand.cache_clear()
+    _check_fragments.cache_clear()
 
 
 def kernel_name(spec: KernelSpec, *, probe: bool = False) -> str:

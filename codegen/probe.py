@@ -46,7 +46,19 @@ class ProbeReport:
 
 
 def _basis(extent: int) -> list[int]:
-    return [0] + [1 << b for b in range(extent.bit_length() - 1)]
+    """0 and every power of two below the extent, which reaches every swizzle atom of the head dim: at D=96
+    (32-column atoms) 32 and 64 start atoms 1 and 2, at D=192 (64-column atoms) 64 and 128 do."""
+    return [0] + [1 << b for b in range((extent - 1).bit_length())]
+
+
+def probe_injections(spec: KernelSpec) -> list[tuple[str, dict]]:
+    """(operand, tile coordinates) of every unit element the probe injects, for a resolved spec: the origin and
+    every basis vector of each operand tile staged by TMA and read by wgmma."""
+    def star(op, first, second, extents):
+        return [(op, {first: a, second: b}) for a in _basis(extents[0]) for b in _basis(extents[1]) if a == 0 or b == 0]
+
+    rows_q, bn, d = spec.block_m, spec.block_n, spec.head_dim
+    return star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
 
 
 def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeReport:
@@ -66,10 +78,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
     built = build(probe_spec, probe=True)
     kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, plan.smem.total, device_index)
 
-    def star(op, first, second, extents):  # the origin and every basis vector of the tile's coordinates
-        return [(op, {first: a, second: b}) for a in _basis(extents[0]) for b in _basis(extents[1]) if a == 0 or b == 0]
-
-    injections = star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
+    injections = probe_injections(s)
     batch = len(injections)
     dtype = torch_dtype(s.dtype)
     dev = torch.device("cuda", device_index)

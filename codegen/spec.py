@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 SUPPORTED_ARCHS = ("sm_90a",)
 SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+# Keys per K/V tile: N of QK^T and K of PV, so whole 16-key MMA slices. Non-powers of two (80, 96, 112) are
+# stacked layouts, verified like the others.
+SUPPORTED_BLOCK_N = (64, 80, 96, 112, 128)
 # One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
 ROWS_PER_CONSUMER = 64
 MMA_K = 16
@@ -62,9 +65,9 @@ class KernelSpec:
         _require(self.block_m == 2 * ROWS_PER_CONSUMER,
                  f"block_m must be {2 * ROWS_PER_CONSUMER} (two consumer warpgroups of {ROWS_PER_CONSUMER} rows)")
         if self.block_n:
-            _require(self.block_n in (64, 128),
-                     f"block_n {self.block_n} must be 64 or 128 (a power of two, so the shared-memory layout "
-                     "is GF(2)-linear, and small enough that S and O fit the consumer's registers)")
+            _require(self.block_n in SUPPORTED_BLOCK_N,
+                     f"block_n {self.block_n} must be a multiple of {MMA_K} in {SUPPORTED_BLOCK_N[0]}.."
+                     f"{SUPPORTED_BLOCK_N[-1]} (16-key MMA slices of P V; S and O must fit the consumer's registers)")
         # One stage would deadlock: the consumers release a slot only after PV of its block, which they issue after
         # waiting for the next block in that same slot.
         _require(self.stages in (0, 2, 3, 4), f"stages must be 2..4 (0 for the default), got {self.stages}")

@@ -4,6 +4,7 @@ and verify each against an independent model of the hardware before a kernel use
 Modules, one job each:
 
 * ``linear``   -- ``LinearLayout``: GF(2)-affine maps stored as basis images
+* ``stacked``  -- ``StackedLayout``: a linear block repeated at a byte stride (head dims of 3 swizzle atoms)
 * ``swizzle``  -- the 32/64/128-byte swizzles, in address bits
 * ``tma``      -- cuTensorMapEncodeTiled limits and a model of where a TMA box lands in shared memory
 * ``mma``      -- wgmma / tcgen05 shared-memory descriptors and a model of which byte an MMA reads
@@ -17,6 +18,7 @@ Modules, one job each:
 
 from .errors import LayoutError
 from .linear import LinearLayout
+from .stacked import StackedLayout
 from .operands import OperandDerivation, TensorMapRecipe, derive_operand
 from .swizzle import Swizzle
 from .tma import TensorMapParams
@@ -25,6 +27,7 @@ __all__ = [
     "LayoutError",
     "LinearLayout",
     "OperandDerivation",
+    "StackedLayout",
     "Swizzle",
     "TensorMapParams",
     "TensorMapRecipe",

@@ -18,8 +18,8 @@ from .operands import ARCHES, DTYPE_BYTES, HEAD_DIMS, OPERANDS, OperandDerivatio
 from .seed import element_formula
 
 # Tile rows the generator stages: q/o are one consumer warpgroup's rows (64 on Hopper; up to 128 for
-# tcgen05), k/v are block_n keys.
-VERIFY_BLOCK_ROWS = {"q": (64, 128), "o": (64, 128), "k": (64, 128, 256), "v": (64, 128, 256)}
+# tcgen05), k/v are block_n keys (any multiple of 16 in 64..128 on sm_90a, 256 for tcgen05).
+VERIFY_BLOCK_ROWS = {"q": (64, 128), "o": (64, 128), "k": (64, 80, 96, 112, 128, 256), "v": (64, 80, 96, 112, 128, 256)}
 DEFAULT_BLOCK_M = {"sm_90a": 64, "sm_100a": 128, "sm_103a": 128}
 
 
@@ -58,7 +58,7 @@ def _print_text(d: OperandDerivation) -> None:
     print(f"layout {d.operand} on {d.arch}: head_dim {d.head_dim}, {d.block_rows} rows, {d.dtype} ({d.elem_bytes} B)")
     print(f"coords: {coords}")
     print(f"formula (bytes): {d.formula_c}")
-    if d.operand == "v" and d.tensor_map.kind == "key_group_atoms":
+    if d.operand == "v" and d.tensor_map.kind == "key_group_atoms" and d.tensor_map.atom_cols == 64:  # the seed's fields
         print(f"formula (elements, seed fields): {to_c(element_formula(d))}")
     print(f"shared memory: {d.smem_bytes} B, align {d.smem_align} B, swizzle {d.swizzle.name}")
     fields = d.descriptor_fields()

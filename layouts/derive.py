@@ -19,6 +19,7 @@ import sympy
 
 from .errors import LayoutError
 from .linear import LinearLayout
+from .stacked import StackedLayout
 
 
 class bxor(sympy.Function):
@@ -80,12 +81,27 @@ def _sources(layout: LinearLayout, out_bit: int) -> frozenset:
                      for i, img in enumerate(imgs) if img[out_name] >> out_bit & 1)
 
 
-def closed_form(layout: LinearLayout) -> sympy.Expr:
-    """The layout as a sympy integer expression over its input coordinate names."""
+def closed_form(layout: LinearLayout | StackedLayout) -> sympy.Expr:
+    """The layout as a sympy integer expression over its input coordinate names.
+
+    A stacked layout is its block's form, with each field masked to the block's bits, plus one
+    ``(x >> log2(block extent)) * stride`` term per stacked dim: ``(n >> 5) * 4096`` picks the atom.
+    """
+    if isinstance(layout, StackedLayout):
+        # Fields keep their masks wherever a coordinate runs past the block's extent.
+        bits = {d: (e - 1).bit_length() for d, e in layout.in_dims.items()}
+        inner = _linear_closed_form(layout.block, bits)
+        outer = [shr(coord_symbol(d), layout.block.in_dims[d].bit_length() - 1) * stride
+                 for d, stride in layout.strides.items()]
+        return sympy.Add(inner, *outer)
+    return _linear_closed_form(layout, {d: e.bit_length() - 1 for d, e in layout.in_dims.items()})
+
+
+def _linear_closed_form(layout: LinearLayout, in_bits: dict[str, int]) -> sympy.Expr:
+    """``in_bits``: how many bits each coordinate really has (a mask is dropped only above the top one)."""
     if len(layout.out_dims) != 1:
         raise LayoutError("closed_form needs a single output dim; flatten_outs() first")
     (out_name, out_extent), = layout.out_dims.items()
-    in_bits = {d: e.bit_length() - 1 for d, e in layout.in_dims.items()}
     nbits = out_extent.bit_length() - 1
     sources = [_sources(layout, j) for j in range(nbits)]
     terms = []

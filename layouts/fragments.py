@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import LayoutError
 from .linear import LinearLayout, log2_exact
 
@@ -36,11 +38,41 @@ def _accumulator_bases(n: int) -> dict[str, list[dict[str, int]]]:
     }
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def wgmma_accumulator(n: int) -> LinearLayout:
-    """(lane, warp, reg) -> (row, col) of the 64 x n f32 accumulator of one warpgroup."""
+    """(lane, warp, reg) -> (row, col) of the 64 x n f32 accumulator of one warpgroup.
+
+    For n not a power of two (96, 192) this is the map of the next power of two: the PTX table gives one
+    formula for every N, and an N = n accumulator is its first n/2 values (`check_accumulator_prefix`).
+    """
     if not 8 <= n <= 256 or n % 8:
         raise LayoutError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return LinearLayout(_accumulator_bases(n), {"lane": 32, "warp": 4, "reg": n // 2}, {"row": 64, "col": n})
+    p = _pow2_at_least(n)
+    return LinearLayout(_accumulator_bases(p), {"lane": 32, "warp": 4, "reg": p // 2}, {"row": 64, "col": p})
+
+
+def check_accumulator_prefix(n: int, full: int = 256) -> None:
+    """Values 0..n/2-1 of each thread under the N = `full` map cover the 64 x n tile, every element once.
+
+    The template indexes every accumulator (S with N = block_n, O with N = head_dim) through the N = 256
+    expressions of `wgmma_accumulator_c`; this is what makes that right for any smaller N.
+    """
+    acc = wgmma_accumulator(full)
+    if not 8 <= n <= full or n % 8:
+        raise LayoutError(f"accumulator N = {n}: must be a multiple of 8 in 8..{full}")
+    lane, warp, reg = np.meshgrid(np.arange(32), np.arange(4), np.arange(n // 2), indexing="ij")
+    at = acc.apply({"lane": lane.ravel(), "warp": warp.ravel(), "reg": reg.ravel()})
+    row, col = np.asarray(at["row"]), np.asarray(at["col"])
+    outside = np.nonzero(col >= n)[0]
+    if outside.size:
+        i = outside[0]
+        raise LayoutError(f"N = {n}: value {int(reg.ravel()[i])} of lane {int(lane.ravel()[i])}, warp "
+                          f"{int(warp.ravel()[i])} lands in column {int(col[i])}, outside the tile")
+    if np.unique(row * n + col).size != 64 * n:
+        raise LayoutError(f"N = {n}: the first {n // 2} values of each thread do not cover the 64 x {n} tile once each")
 
 
 def wgmma_a_registers() -> LinearLayout:
@@ -60,16 +92,16 @@ def wgmma_a_registers() -> LinearLayout:
 def s_slice_is_a_operand(n: int) -> None:
     """Check that accumulator values 8j..8j+7 of a 64 x n S tile are, in order, the A operand of slice j."""
     acc, a = wgmma_accumulator(n), wgmma_a_registers()
-    for j in range(n // 16):
-        for lane in range(32):
-            for warp in range(4):
-                for r in range(8):
-                    s = acc.apply({"lane": lane, "warp": warp, "reg": 8 * j + r})
-                    p = a.apply({"lane": lane, "warp": warp, "reg": r})
-                    if (s["row"], s["col"] - 16 * j) != (p["row"], p["k"]):
-                        raise LayoutError(
-                            f"S value {8 * j + r} of lane {lane}, warp {warp} is ({s['row']}, {s['col']}), but A "
-                            f"register value {r} of slice {j} is (row {p['row']}, k {16 * j + p['k']})")
+    j, lane, warp, r = (g.ravel() for g in np.meshgrid(np.arange(n // 16), np.arange(32), np.arange(4), np.arange(8),
+                                                       indexing="ij"))
+    s = acc.apply({"lane": lane, "warp": warp, "reg": 8 * j + r})
+    p = a.apply({"lane": lane, "warp": warp, "reg": r})
+    bad = np.nonzero((s["row"] != p["row"]) | (s["col"] - 16 * j != p["k"]))[0]
+    if bad.size:
+        i = bad[0]
+        raise LayoutError(
+            f"S value {8 * j[i] + r[i]} of lane {lane[i]}, warp {warp[i]} is ({s['row'][i]}, {s['col'][i]}), but A "
+            f"register value {r[i]} of slice {j[i]} is (row {p['row'][i]}, k {16 * j[i] + p['k'][i]})")
 
 
 @dataclass(frozen=True)
@@ -109,7 +141,7 @@ def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> s
 
 def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     """Row and column of accumulator value `i` of thread (warp, lane), for any N (the high reg bits only add
-    columns, so the N=256 expression serves every smaller N)."""
+    columns, so the N=256 expression serves every smaller N: `check_accumulator_prefix` proves it per N)."""
     acc = wgmma_accumulator(n)
     names = {"lane": "lane", "warp": "warp", "reg": "i"}
     # A thread's values cover two rows: the one register bit that moves the row picks between them.

@@ -8,18 +8,26 @@ generation can use the numbers without re-checking them.
 
 The staged tiles (global tensors are (B, S, H, D), D contiguous, 16-bit elements):
 
-* Row tiles, used for Q, K and O everywhere and for V on sm_90a: ``[d_blk = col // 64][row][col % 64]``
-  with a 128-byte swizzle, i.e. each 64-column block is a stack of 128-byte rows and column blocks
-  are ``rows * 128`` bytes apart. K-major for Q and K (rows = M or N, cols = K), MN-major for V (rows =
-  keys = K, cols = head dim = N), so V needs no transpose (wgmma's transpose bit does it).
-* Key-group atoms, V on sm_100a/sm_103a (the seed's V47 layout): 8 keys x 64 head-dim columns form a
-  1024-byte atom; atoms along the head dim are adjacent, then the next group of 8 keys.
+* Row tiles, used for Q, K and O everywhere and for V on sm_90a: ``[d_blk = col // A][row][col % A]``
+  with an S-byte swizzle and A = S / element size columns per atom, i.e. each A-column block is a stack
+  of S-byte rows and column blocks are ``rows * S`` bytes apart. K-major for Q and K (rows = M or N,
+  cols = K), MN-major for V (rows = keys = K, cols = head dim = N), so V needs no transpose (wgmma's
+  transpose bit does it).
+* Key-group atoms, V on sm_100a/sm_103a (the seed's V47 layout): 8 keys x A head-dim columns form an
+  8 * S-byte atom; atoms along the head dim are adjacent, then the next group of 8 keys.
+
+S is the widest swizzle whose span divides a row of the head dim (``swizzle.widest_swizzle``): 128 B for
+D = 64, 128, 192, 256 (A = 64 in 16-bit types) and 64 B for D = 96 (A = 32, 192-byte rows). When the
+number of column blocks is not a power of two (3 for D = 96 and 192), or the rows are not (80, 96 or 112
+keys: the first rows of a 128-row block, column blocks ``rows * S`` apart), the tile is a ``StackedLayout``
+(a linear block repeated at a byte stride); otherwise ``stacked.stack`` returns one ``LinearLayout``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import sympy
 
 from .cexpr import compile_c_expr
@@ -27,18 +35,18 @@ from .derive import closed_form, to_c
 from .errors import LayoutError
 from .linear import LinearLayout
 from .mma import ARCH_DESCRIPTOR_KIND, MMA_K_BYTES, SmemDescriptor, check_footprint, mma_read_byte
-from .swizzle import SWIZZLE_128B, Swizzle
+from .stacked import StackedLayout, stack
+from .swizzle import Swizzle, widest_swizzle
 from .tma import TensorMapParams, place_box
 from .verify import Mismatch, compare_maps
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 OPERANDS = ("q", "k", "v", "o")
 DTYPE_BYTES = {"f16": 2, "bf16": 2}
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 MIN_BLOCK_ROWS, MAX_BLOCK_ROWS = 8, 256
 WGMMA_M = 64          # wgmma is always m64
 TCGEN05_MAX_M = 128   # cta_group::1 tcgen05.mma goes up to M = 128
-SMEM_ALIGN = 1024     # the 128-byte swizzle pattern's boundary
 COORDS = {"q": ("m", "k"), "k": ("n", "k"), "v": ("k", "n"), "o": ("m", "n")}
 
 
@@ -55,23 +63,25 @@ class TensorMapRecipe:
     elem_bytes: int
     head_dim: int
     block_rows: int
+    atom_cols: int            # head-dim columns per swizzle atom: the box's inner extent
+    col_blocks: int           # atoms across the head dim
     dims_symbolic: tuple
     strides_symbolic: tuple
 
     def instantiate(self, *, batch: int, seq_len: int, heads: int, stride_b: int, stride_s: int,
                     stride_h: int, base_address: int = 0) -> TensorMapParams:
         """The cuTensorMapEncodeTiled arguments for a (B, S, H, D) tensor; strides in elements."""
-        e, d_blocks = self.elem_bytes, self.head_dim // 64
+        e, a, d_blocks = self.elem_bytes, self.atom_cols, self.col_blocks
         if self.kind == "row_tiles":
-            dims = (64, seq_len, d_blocks, heads, batch)
-            strides = (stride_s * e, 64 * e, stride_h * e, stride_b * e)
+            dims = (a, seq_len, d_blocks, heads, batch)
+            strides = (stride_s * e, a * e, stride_h * e, stride_b * e)
         else:
             if seq_len % 8:
                 raise LayoutError(f"seq_len {seq_len}: the key-group map walks keys in groups of 8")
             if batch > 1 and stride_b != seq_len * stride_s:
                 raise LayoutError("the key-group map folds batch into the key-group dim, so stride_b must be seq_len * stride_s")
-            dims = (64, 8, d_blocks, heads, batch * seq_len // 8)
-            strides = (stride_s * e, 64 * e, stride_h * e, 8 * stride_s * e)
+            dims = (a, 8, d_blocks, heads, batch * seq_len // 8)
+            strides = (stride_s * e, a * e, stride_h * e, 8 * stride_s * e)
         return TensorMapParams(self.rank, dims, strides, self.box, (1,) * self.rank,
                                self.swizzle.span_bytes, e, self.dtype, base_address)
 
@@ -100,7 +110,7 @@ class OperandDerivation:
     head_dim: int
     block_rows: int
     coords: dict
-    layout: LinearLayout
+    layout: LinearLayout | StackedLayout
     formula: sympy.Expr
     formula_c: str
     smem_bytes: int
@@ -229,59 +239,70 @@ def _check_spec(operand, arch, head_dim, block_rows, dtype) -> None:
     if dtype not in DTYPE_BYTES:
         raise LayoutError(f"dtype {dtype!r}: the MMA layouts here are derived for 16-bit {sorted(DTYPE_BYTES)}")
     if head_dim not in HEAD_DIMS:
-        raise LayoutError(f"head_dim {head_dim}: supported head dims are powers of two {HEAD_DIMS} (64-column swizzle atoms)")
-    if not isinstance(block_rows, int) or block_rows < 1 or block_rows & (block_rows - 1):
-        raise LayoutError(f"block_rows {block_rows}: must be a power of two (tiles are GF(2)-linear layouts)")
+        raise LayoutError(f"head_dim {head_dim}: supported head dims are {HEAD_DIMS} (whole swizzle atoms per row, "
+                          "16-column MMA k-slices)")
+    if not isinstance(block_rows, int) or block_rows < 1 or block_rows % 8:
+        raise LayoutError(f"block_rows {block_rows}: must be a multiple of 8 (8-row core matrices and swizzle atoms)")
     if not MIN_BLOCK_ROWS <= block_rows <= MAX_BLOCK_ROWS:
         raise LayoutError(f"block_rows {block_rows}: must be {MIN_BLOCK_ROWS}..{MAX_BLOCK_ROWS} (8-row core matrices, TMA box <= 256)")
     if operand == "q" and arch == "sm_90a" and block_rows < WGMMA_M:
         raise LayoutError(f"block_rows {block_rows} for q on sm_90a: wgmma reads M = {WGMMA_M} rows of A")
-    if operand == "v" and block_rows < 16:
-        raise LayoutError(f"block_rows {block_rows} for v: one MMA consumes 16 keys of V (its K)")
+    if operand == "v" and (block_rows < 16 or block_rows % 16):
+        raise LayoutError(f"block_rows {block_rows} for v: one MMA consumes 16 keys of V (its K), so a multiple of 16")
 
 
-def _tile_layouts(operand, arch, head_dim, rows, elem_bytes):
-    """(layout, tensor map kind): the unswizzled tile composed with the 128-byte swizzle."""
+def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
+    """(layout, tensor map kind): one swizzled atom block, stacked across the head dim (and key groups)."""
     row_name, col_name = COORDS[operand]
-    nbytes = rows * head_dim * elem_bytes
-    atom_cols = SWIZZLE_128B.span_bytes // elem_bytes
+    span = swizzle.span_bytes
+    atom_cols = span // elem_bytes
+    col_blocks = head_dim // atom_cols
     atom_rows = 8
     if operand == "v" and arch != "sm_90a":
         key, col = row_name, col_name
-        group_bytes = (head_dim // atom_cols) * atom_rows * SWIZZLE_128B.span_bytes
-        tile = LinearLayout.from_function(
-            {key: rows, col: head_dim}, {"byte": nbytes},
-            lambda c: ((c[key] >> 3) * group_bytes + (c[col] >> 6) * atom_rows * SWIZZLE_128B.span_bytes
-                       + (c[key] & 7) * SWIZZLE_128B.span_bytes + (c[col] & (atom_cols - 1)) * elem_bytes))
+        atom = LinearLayout.from_function({key: atom_rows, col: atom_cols}, {"byte": atom_rows * span},
+                                          lambda c: c[key] * span + c[col] * elem_bytes)
+        block = swizzle.layout(atom_rows * span).compose(atom)
+        # Atoms along the head dim are adjacent; key groups follow one another.
+        layout = stack(block, {key: rows, col: head_dim},
+                       {col: atom_rows * span, key: col_blocks * atom_rows * span})
         kind = "key_group_atoms"
     else:
-        tile = LinearLayout.from_function(
-            {row_name: rows, col_name: head_dim}, {"byte": nbytes},
-            lambda c: ((c[col_name] >> 6) * rows * SWIZZLE_128B.span_bytes
-                       + c[row_name] * SWIZZLE_128B.span_bytes + (c[col_name] & (atom_cols - 1)) * elem_bytes))
+        # 80 rows are the first 80 of a 128-row block (a restricted domain); column blocks are 80 rows apart.
+        rows_p2 = 1 << (rows - 1).bit_length()
+        tile = LinearLayout.from_function({row_name: rows_p2, col_name: atom_cols}, {"byte": rows_p2 * span},
+                                          lambda c: c[row_name] * span + c[col_name] * elem_bytes)
+        block = swizzle.layout(rows_p2 * span).compose(tile)
+        layout = stack(block, {row_name: rows, col_name: head_dim}, {col_name: rows * span})
         kind = "row_tiles"
-    return SWIZZLE_128B.layout(nbytes).compose(tile), kind
+    return layout, kind
 
 
-def _recipe(kind, head_dim, rows, elem_bytes, dtype, nbytes) -> TensorMapRecipe:
-    d_blocks = head_dim // 64
+def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes) -> TensorMapRecipe:
     e = elem_bytes
+    a = swizzle.span_bytes // e
+    d_blocks = head_dim // a
     if kind == "row_tiles":
-        return TensorMapRecipe(kind, 5, (64, rows, d_blocks, 1, 1), nbytes, SWIZZLE_128B, dtype, e, head_dim, rows,
-                               ("64", "S", str(d_blocks), "H", "B"),
-                               (f"stride_s*{e}", str(64 * e), f"stride_h*{e}", f"stride_b*{e}"))
-    return TensorMapRecipe(kind, 5, (64, 8, d_blocks, 1, rows // 8), nbytes, SWIZZLE_128B, dtype, e, head_dim, rows,
-                           ("64", "8", str(d_blocks), "H", "B*S/8"),
-                           (f"stride_s*{e}", str(64 * e), f"stride_h*{e}", f"8*stride_s*{e}"))
+        return TensorMapRecipe(kind, 5, (a, rows, d_blocks, 1, 1), nbytes, swizzle, dtype, e, head_dim, rows, a,
+                               d_blocks, (str(a), "S", str(d_blocks), "H", "B"),
+                               (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"stride_b*{e}"))
+    return TensorMapRecipe(kind, 5, (a, 8, d_blocks, 1, rows // 8), nbytes, swizzle, dtype, e, head_dim, rows, a,
+                           d_blocks, (str(a), "8", str(d_blocks), "H", "B*S/8"),
+                           (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"8*stride_s*{e}"))
 
 
 def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, dtype: str) -> OperandDerivation:
     """Derive and verify the staged tile of ``operand``; raises LayoutError on any rejection."""
     _check_spec(operand, arch, head_dim, block_rows, dtype)
     e = DTYPE_BYTES[dtype]
-    layout, kind = _tile_layouts(operand, arch, head_dim, block_rows, e)
+    swizzle = widest_swizzle(head_dim * e)
+    layout, kind = _tile_layouts(operand, arch, head_dim, block_rows, e, swizzle)
     formula = closed_form(layout)
-    nbytes = layout.out_size
+    nbytes = block_rows * head_dim * e
+    last = int(np.max(layout.apply_flat(layout.grid())))
+    if last + e != nbytes or not layout.is_injective():
+        raise LayoutError(f"{operand}: the tile is not a dense {block_rows} x {head_dim} x {e}-byte buffer "
+                          f"(last element at byte {last})")
     mma_k = MMA_K_BYTES // e
     if operand in ("q", "k"):
         major, transpose, slices = "K", 0, tuple(range(0, head_dim, mma_k))
@@ -296,9 +317,11 @@ def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, d
     derivation = OperandDerivation(
         operand=operand, arch=arch, dtype=dtype, elem_bytes=e, head_dim=head_dim, block_rows=block_rows,
         coords=dict(zip(COORDS[operand], (block_rows, head_dim))),
-        layout=layout, formula=formula, formula_c=to_c(formula), smem_bytes=nbytes, smem_align=SMEM_ALIGN,
-        swizzle=SWIZZLE_128B, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
-        tensor_map=_recipe(kind, head_dim, block_rows, e, dtype, nbytes),
+        layout=layout, formula=formula, formula_c=to_c(formula), smem_bytes=nbytes,
+        # The swizzle pattern repeats from these boundaries; a tile anywhere else is read shifted.
+        smem_align=swizzle.repeat_bytes,
+        swizzle=swizzle, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
+        tensor_map=_recipe(kind, swizzle, head_dim, block_rows, e, dtype, nbytes),
         descriptor_kind=ARCH_DESCRIPTOR_KIND[arch] if major else None, _slices=slices)
     mismatches = derivation.verify()
     if mismatches:

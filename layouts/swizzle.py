@@ -96,3 +96,16 @@ SWIZZLE_NONE = Swizzle(0)
 SWIZZLE_32B = Swizzle(32)
 SWIZZLE_64B = Swizzle(64)
 SWIZZLE_128B = Swizzle(128)
+
+
+def widest_swizzle(row_bytes: int) -> Swizzle:
+    """The widest swizzle whose span divides ``row_bytes``, so a row is a whole number of swizzle atoms.
+
+    Wider spans spread an 8-row core matrix over more banks, and TMA boxes are at most one span wide
+    (cuTensorMapEncodeTiled: "CU_TENSOR_MAP_SWIZZLE_64B requires the bounding box inner dimension to be
+    <= 64"), so a 192-byte row (head dim 96, 16-bit) is three 64-byte atoms, not one and a half 128-byte ones.
+    """
+    for span in (128, 64, 32):
+        if row_bytes > 0 and row_bytes % span == 0:
+            return Swizzle(span)
+    raise LayoutError(f"a {row_bytes}-byte row is not a whole number of 32-byte swizzle atoms")

@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import LayoutError
 from .linear import LinearLayout
+from .stacked import StackedLayout
 
 EXHAUSTIVE_LIMIT = 1 << 16
 
@@ -48,11 +49,12 @@ class Mismatch:
 
 
 def basis_points(extents: Mapping[str, int]) -> list[dict]:
-    """The origin, then each coordinate with exactly one bit set, in dim order."""
+    """The origin, then each coordinate with exactly one bit set, in dim order (every power of two below the
+    extent, so a 96-wide dim injects 64 too)."""
     zero = {d: 0 for d in extents}
     points = [zero]
     for d, e in extents.items():
-        points += [{**zero, d: 1 << i} for i in range(e.bit_length() - 1)]
+        points += [{**zero, d: 1 << i} for i in range((e - 1).bit_length())]
     return points
 
 
@@ -61,12 +63,12 @@ def compare_maps(
     expected: Callable[[dict], object],
     actual: Callable[[dict], object],
     *,
-    decode: LinearLayout | None = None,
+    decode: LinearLayout | StackedLayout | None = None,
     check: str = "",
     max_report: int = 16,
     exhaustive_limit: int = EXHAUSTIVE_LIMIT,
 ) -> list[Mismatch]:
-    """Mismatches between ``expected`` and ``actual`` over a grid of the given power-of-two extents."""
+    """Mismatches between ``expected`` and ``actual`` over every point of the given extents."""
     names = list(extents)
     def decoded(byte: int):
         if decode is None or not 0 <= byte < decode.out_size:

@@ -20,7 +20,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16")]
+PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16"),
+                ("1024,16,96", "f16"), ("1024,16,192", "bf16")]
 
 
 def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, float]:

@@ -59,8 +59,8 @@ def test_window_and_softcap_values():
 
 
 def test_head_dim_unsupported():
-    q, k, v = qkv(shape=(1, 128, 2, 96))
-    with pytest.raises(InputError, match="head_dim 96"):
+    q, k, v = qkv(shape=(1, 128, 2, 80))
+    with pytest.raises(InputError, match="head_dim 80"):
         attention(q, k, v)
 
 

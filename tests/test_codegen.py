@@ -17,9 +17,16 @@ from codegen.spec import KernelSpec, SpecError, parse_split
 from layouts import fragments
 
 # Every variant the template can emit: both dtypes, both masks, every head dim and each of its splits.
-SPLITS = {64: [(96, 32), (64, 64)], 128: [(96, 32), (64, 64)], 256: [(32, 32), (64,)]}
+SPLITS = {64: [(96, 32), (64, 64)], 96: [(96, 32), (64, 64)], 128: [(96, 32), (64, 64)], 192: [(32, 32), (64,)],
+          256: [(32, 32), (64,)]}
 VARIANTS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, dtype=dt, causal=c, pv_split=split)
             for d, splits in SPLITS.items() for split in splits for dt in ("f16", "bf16") for c in (False, True)]
+# Key blocks that are not a power of two (FlashAttention-3's 128 x 80 at D=256, 128 x 96/112 at D=192), and one
+# at each other head dim.
+SHORT_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, dtype=dt, causal=c)
+                    for d, n in ((256, 80), (192, 96), (192, 112)) for dt in ("f16", "bf16") for c in (False, True)] + \
+                   [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, pv_split=split)
+                    for d, n, split in ((64, 96, (48, 48)), (96, 112, (112,)), (128, 80, (48, 32)))]
 # The coverage parameters, each at every head dim, in both dtypes between them.
 COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_heads=4, causal=True, dtype="bf16")
             for d in SPLITS] + \
@@ -37,11 +44,13 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
 @pytest.mark.parametrize("kwargs, message", [
     (dict(seq_len=0, heads=1, head_dim=128), "seq_len"),
     (dict(seq_len=128, heads=0, head_dim=128), "heads"),
-    (dict(seq_len=128, heads=1, head_dim=96), "head_dim 96"),
+    (dict(seq_len=128, heads=1, head_dim=80), "head_dim 80"),
     (dict(seq_len=128, heads=1, head_dim=128, dtype="f32"), "dtype"),
     (dict(seq_len=128, heads=1, head_dim=128, arch="sm_80"), "arch"),
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
-    (dict(seq_len=128, heads=1, head_dim=128, block_n=96), "block_n"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=72), "block_n 72 must be a multiple of 16 in 64..128"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=256), "block_n 256"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=48), "block_n 48"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=1), "stages must be 2..4"),  # one stage would deadlock
     (dict(seq_len=128, heads=1, head_dim=128, window=(2**31, 0)), "window"),
@@ -86,10 +95,46 @@ def test_spec_name_is_unique_per_variant():
 
 def test_plan_fits_shared_memory_and_aligns_swizzled_tiles():
     for spec in VARIANTS:
-        smem = make_plan(spec).smem
+        plan = make_plan(spec)
+        smem = plan.smem
         assert smem.total <= 227 * 1024
+        assert plan.smem_align == (512 if spec.head_dim == 96 else 1024)  # the 64B swizzle repeats every 512 B
         for offset in (smem.q_offset, smem.k_offset, smem.v_offset, smem.q_bytes, smem.k_bytes, smem.v_bytes):
-            assert offset % 1024 == 0
+            assert offset % plan.smem_align == 0
+
+
+@pytest.mark.parametrize("head_dim, block_n, split, stages, rescale", [
+    (64, 128, (96, 32), 3, False), (96, 128, (96, 32), 3, False), (128, 128, (96, 32), 3, True),
+    (192, 64, (32, 32), 3, True), (256, 64, (32, 32), 2, True)])
+def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
+    spec = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim))
+    assert (spec.block_n, spec.pv_split) == (block_n, split)
+    assert spec.stages >= stages  # 4 fit at D=64 and 96 (3 and 2 are the shared-memory limit elsewhere)
+    assert make_plan(spec).template_context()["conditional_rescale"] is rescale
+    if head_dim == 96:
+        assert make_plan(spec.replace(stages=4)).smem.total <= 227 * 1024
+
+
+@pytest.mark.parametrize("head_dim, block_n, split, stages", [
+    (256, 80, (48, 32), 2), (192, 96, (64, 32), 2), (192, 112, (80, 32), 2), (128, 80, (48, 32), 4)])
+def test_short_key_blocks_resolve(head_dim, block_n, split, stages):
+    spec = resolve(KernelSpec(seq_len=1000, heads=16, head_dim=head_dim, block_n=block_n))
+    assert (spec.block_n, spec.pv_split, spec.stages) == (block_n, split, stages)
+    plan = make_plan(spec)
+    assert plan.k.block_rows == plan.v.block_rows == block_n and len(plan.v.descriptors()) == block_n // 16
+    assert plan.smem.k_bytes == plan.smem.v_bytes == block_n * head_dim * 2
+    source = render(plan).source
+    assert f"m64n{block_n}k16" in source and f"float sc[{block_n // 2}];" in source
+
+
+def test_short_key_block_probe_compiles():
+    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=256, block_n=80)), probe=True)
+    assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
+
+
+def test_d192_block_n_128_does_not_fit():
+    with pytest.raises(SpecError, match="shared memory"):
+        make_plan(resolve(KernelSpec(seq_len=1024, heads=16, head_dim=192, block_n=128, pv_split=(96, 32)))).smem
 
 
 def test_pv_chunks_cover_the_key_block_in_order():
@@ -98,8 +143,53 @@ def test_pv_chunks_cover_the_key_block_in_order():
 
 
 def test_s_accumulator_slices_are_the_pv_a_operand():
-    for n in (64, 128):
+    for n in (64, 80, 96, 112, 128):
         fragments.s_slice_is_a_operand(n)
+
+
+def test_a_wrong_a_fragment_is_refused(monkeypatch):
+    real = fragments.wgmma_a_registers
+
+    def swapped():  # register bits 1 and 2 exchanged: rows 8 apart where the table has k 8 apart
+        bases = real().bases
+        bases["reg"][1], bases["reg"][2] = bases["reg"][2], bases["reg"][1]
+        return fragments.LinearLayout(bases, real().in_dims, real().out_dims)
+
+    monkeypatch.setattr(fragments, "wgmma_a_registers", swapped)
+    with pytest.raises(fragments.LayoutError, match="S value 2 of lane 0, warp 0 is \\(8, 0\\)"):
+        fragments.s_slice_is_a_operand(80)
+
+
+@pytest.mark.parametrize("n", range(8, 257, 8))
+def test_the_n256_accumulator_map_serves_every_smaller_n(n):
+    """acc_row/acc_col come from the N=256 map; for N = 96 (O at D=96) or 192 (O at D=192) the first N/2 values
+    must be exactly the 64 x N tile, and match the PTX fragment formula written out independently."""
+    fragments.check_accumulator_prefix(n)
+    acc = fragments.wgmma_accumulator_c()
+    rows, cols = set(), set()
+    for warp in range(4):
+        for lane in range(32):
+            for i in range(n // 2):
+                env = {"warp": warp, "lane": lane, "i": i}
+                row, col = eval(acc.row_c, {}, env), eval(acc.col_c, {}, env)
+                assert (row, col) == (16 * warp + 8 * ((i >> 1) & 1) + lane // 4, 8 * (i >> 2) + 2 * (lane % 4) + (i & 1))
+                rows.add(row)
+                cols.add(col)
+    assert rows == set(range(64)) and cols == set(range(n))
+
+
+def test_a_prefix_that_leaves_the_tile_is_refused(monkeypatch):
+    # Break the map: swap the column steps of register bits 3 and 6 (16 and 128), so value 8 lands in column 128.
+    real = fragments._accumulator_bases
+
+    def broken(n):
+        bases = real(n)
+        bases["reg"][3], bases["reg"][6] = bases["reg"][6], bases["reg"][3]
+        return bases
+
+    monkeypatch.setattr(fragments, "_accumulator_bases", broken)
+    with pytest.raises(fragments.LayoutError, match="outside the tile"):
+        fragments.check_accumulator_prefix(96)
 
 
 def test_accumulator_expressions_match_the_ptx_fragment_formula():
@@ -129,7 +219,7 @@ def test_rendered_source_takes_its_layout_numbers_from_layouts():
     assert plan.o.formula_c in source
 
 
-@pytest.mark.parametrize("spec", VARIANTS + COVERAGE, ids=lambda s: resolve(s).name)
+@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS, ids=lambda s: resolve(s).name)
 def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec):
     built = build(resolve(spec))
     name = built.rendered.kernel_name
@@ -141,9 +231,34 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     assert ops["LDL"] == 0 and ops["STL"] == 0, "local memory in the kernel"
 
 
-def test_probe_variant_compiles():
-    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=128)), probe=True)
+@pytest.mark.parametrize("head_dim", (128, 96, 192))
+def test_probe_variant_compiles(head_dim):
+    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=head_dim)), probe=True)
     assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
+    assert built.compiled.spill_stores.get(built.rendered.kernel_name, 0) == 0
+
+
+@pytest.mark.parametrize("head_dim, atoms", [(96, (32, 64)), (192, (64, 128))])
+def test_probe_injects_into_every_swizzle_atom(head_dim, atoms):
+    from codegen.probe import probe_injections
+
+    injected = probe_injections(resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim)))
+    for operand, col in (("q", "k"), ("k", "k"), ("v", "n")):
+        cols = {at[col] for op, at in injected if op == operand}
+        assert set(atoms) <= cols and max(cols) < head_dim
+
+
+@pytest.mark.parametrize("head_dim", (96, 192))
+def test_three_atom_kernel_renders_its_derived_numbers(head_dim):
+    plan = make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=head_dim, dtype="bf16", causal=True))
+    source = render(plan).source
+    for desc in plan.q.descriptors() + plan.k.descriptors() + plan.v.descriptors():
+        assert f"0x{desc:016x}ull" in source
+    assert plan.o.formula_c in source and f"(n >> {5 if head_dim == 96 else 6})" in plan.o.formula_c
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16" in source  # PV: N = head dim
+    assert f"float o[{head_dim // 2}];" in source
+    assert f"& ~{plan.smem_align - 1}u" in source
+    assert len(plan.q.descriptors()) == head_dim // 16  # QK^T runs over every 16-column slice
 
 
 def test_manifest_describes_the_launch():

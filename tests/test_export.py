@@ -21,6 +21,9 @@ CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
 # A bundle with every coverage option, so the launcher's K/V shapes and the example's masks are compiled too.
 COVERAGE = resolve(KernelSpec(seq_len=300, heads=16, head_dim=128, seq_len_k=1000, kv_heads=4, causal=True,
                               window=(256, -1), softcap=30.0, dtype="bf16"))
+# Head dims of three swizzle atoms: 32-column boxes of the 64B swizzle (D=96), 64-column boxes (D=192).
+THREE_ATOMS = [resolve(KernelSpec(seq_len=1000, heads=8, head_dim=96)),
+               resolve(KernelSpec(seq_len=1000, heads=8, head_dim=192, dtype="bf16", causal=True))]
 
 
 def find_nvcc() -> str | None:
@@ -81,6 +84,20 @@ def test_per_tile_launcher_grid(tmp_path):
     assert f"<<<dim3({plan.m_blocks}, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
 
 
+@pytest.mark.parametrize("spec", THREE_ATOMS, ids=lambda s: s.name)
+def test_three_atom_launchers_use_the_derived_tensor_maps(tmp_path, spec):
+    bundle = export_bundle(spec, tmp_path)
+    launcher = (tmp_path / f"{spec.name}_launch.cu").read_text()
+    for op in ("q", "k", "v", "o"):
+        described = getattr(bundle.built.plan, op).tensor_map.describe()
+        assert ", ".join(f"(cuuint64_t)({d})" for d in described["dims"]) in launcher
+        assert ", ".join(str(b) for b in described["box"]) in launcher
+    atom = bundle.built.plan.q.tensor_map.atom_cols
+    assert f"(cuuint64_t)({atom}), (cuuint64_t)(S), (cuuint64_t)({spec.head_dim // atom})" in launcher
+    swizzle = {64: "CU_TENSOR_MAP_SWIZZLE_128B", 32: "CU_TENSOR_MAP_SWIZZLE_64B"}[atom]
+    assert launcher.count(swizzle) == 4
+
+
 def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):
     for spec in CANONICAL:
         export_bundle(spec, tmp_path / spec.name)
@@ -91,7 +108,7 @@ def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS, ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)

@@ -22,9 +22,9 @@ LSE_TOLERANCE = 1e-5  # float32 running max and sum; measured ~1e-7
 TINY = 1e-6           # when SDPA is exact (S=1), ours must be too, up to rounding of a copy
 
 
-def run_checked(q, k, v, *, causal=False, split=None, layout="bshd", scale=None):
+def run_checked(q, k, v, *, causal=False, split=None, layout="bshd", scale=None, **tuning):
     """Run with poisoned outputs; return (o, lse) after checking every element was written."""
-    call = prepare(q, k, v, causal=causal, pv_split=split, layout=layout, scale=scale)
+    call = prepare(q, k, v, causal=causal, pv_split=split, layout=layout, scale=scale, **tuning)
     call.o.fill_(float("nan"))
     call.lse.fill_(float("nan"))
     call()
@@ -68,16 +68,50 @@ def test_causal_matches_float64(batch, seq, heads, dtype, split):
     torch.testing.assert_close(o[:, 0].float(), v[:, 0].float(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("head_dim, split", [(64, (96, 32)), (64, (64, 64)), (256, (32, 32)), (256, (64,))])
-@pytest.mark.parametrize("causal", (False, True))
+# Head dims 96 (three 32-column atoms of the 64B swizzle) and 192 (three 64-column atoms): both dtypes, both
+# masks, S a multiple of the tile and not, S below one tile, batch > 1; default tiles (block_n 128 / 64).
+THREE_ATOMS = list(itertools.product((96, 192), (1, 3), (1, 100, 1000, 4096), ("f16", "bf16"), (False, True)))
+
+
+@pytest.mark.parametrize("head_dim, batch, seq, dtype, causal", THREE_ATOMS,
+                         ids=[f"D{d}-B{b}-S{s}-{dt}-{'causal' if c else 'full'}" for d, b, s, dt, c in THREE_ATOMS])
+def test_three_atom_head_dims_match_float64(head_dim, batch, seq, dtype, causal):
+    q, k, v = (torch.randn(batch, seq, 16, head_dim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    o, lse = run_checked(q, k, v, causal=causal)
+    assert_close_to_reference(q, k, v, o, lse, causal=causal)
+    if causal:  # the first row sees only key 0
+        torch.testing.assert_close(o[:, 0].float(), v[:, 0].float(), rtol=0, atol=0)
+
+
+OTHER_HEAD_DIMS = [(64, (96, 32)), (64, (64, 64)), (96, (96, 32)), (96, (64, 64)), (192, (32, 32)), (192, (64,)),
+                   (256, (32, 32)), (256, (64,))]
+
+
+@pytest.mark.parametrize("head_dim, split", OTHER_HEAD_DIMS,
+                         ids=[f"D{d}-pv{'x'.join(map(str, p))}" for d, p in OTHER_HEAD_DIMS])
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_other_head_dims(head_dim, split, causal):
     q, k, v = (torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o, lse = run_checked(q, k, v, causal=causal, split=split)
     assert_close_to_reference(q, k, v, o, lse, causal=causal)
 
 
-def test_large_scores_stay_finite():
-    q, k, v = (torch.randn(1, 1024, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+# Key blocks that are not a power of two (the block_n knob; defaults unchanged): K/V tiles of 80-112 rows.
+SHORT_KEY_BLOCKS = [(256, 80), (192, 96), (192, 112), (128, 80), (96, 112), (64, 96)]
+
+
+@pytest.mark.parametrize("head_dim, block_n", SHORT_KEY_BLOCKS, ids=[f"D{d}-n{n}" for d, n in SHORT_KEY_BLOCKS])
+@pytest.mark.parametrize("dtype", ("f16", "bf16"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_short_key_blocks_match_float64(head_dim, block_n, dtype, causal):
+    q, k, v = (torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    o, lse = run_checked(q, k, v, causal=causal, block_n=block_n)
+    assert_close_to_reference(q, k, v, o, lse, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", (128, 96, 192), ids=lambda d: f"D{d}")
+def test_large_scores_stay_finite(head_dim):
+    q, k, v = (torch.randn(1, 1024, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
     q, k = q * 12, k * 12  # scores around +-1000 x the usual: the running max must carry the softmax
     o, lse = run_checked(q, k, v)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
@@ -91,8 +125,9 @@ def test_sdpa_layout_and_custom_scale():
     assert_close_to_reference(q, k, v, o, lse, layout="bhsd", scale=0.05)
 
 
-def test_strided_views_of_a_packed_qkv():
-    qkv = torch.randn(2, 500, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("head_dim", (128, 96, 192), ids=lambda d: f"D{d}")
+def test_strided_views_of_a_packed_qkv(head_dim):
+    qkv = torch.randn(2, 500, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.unbind(2)  # strides (500*3*4*128, 3*4*128, 128, 1): no copies needed
     o, lse = run_checked(q, k, v)
     assert_close_to_reference(q, k, v, o, lse)
@@ -173,7 +208,7 @@ def test_softcap(causal):
     run_coverage(2, 1000, 1000, 4, 4, 128, causal=causal, softcap=30.0, scale_inputs=4.0)
 
 
-@pytest.mark.parametrize("head_dim", (64, 256))
+@pytest.mark.parametrize("head_dim", (64, 96, 192, 256), ids=lambda d: f"D{d}")
 def test_every_option_together(head_dim):
     run_coverage(2, 700, 900, 8, 2, head_dim, causal=True, window=(256, -1), softcap=20.0, scale_inputs=2.0)
 

@@ -43,8 +43,8 @@ def test_check_formula_rejects_unsafe_text(capsys):
 def test_bad_arguments_exit_2(capsys):
     assert layout_main(["--operand", "v", "--arch", "sm_80", "--head-dim", "128", "--block-n", "128",
                         "--dtype", "f16"]) == 2
-    assert layout_main(SEED_ARGS[:7] + ["96", "--dtype", "f16"]) == 2
-    assert "power of two" in capsys.readouterr().err
+    assert layout_main(SEED_ARGS[:7] + ["100", "--dtype", "f16"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err
 
 
 def test_hopper_q_uses_block_m(capsys):
@@ -57,3 +57,21 @@ def test_verify_all(capsys):
     assert verify_main([]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"{len(list(all_specs()))} layouts verified, 0 mismatches"
+
+
+def test_layout_prints_a_three_atom_tile(capsys):
+    args = ["--operand", "v", "--arch", "sm_90a", "--head-dim", "96", "--block-n", "128", "--dtype", "f16"]
+    assert layout_main(args) == 0
+    out = capsys.readouterr().out
+    assert "formula (bytes): (n & 7) * 2 + (((k >> 1) & 3) ^ ((n >> 3) & 3)) * 16 + k * 64 + (n >> 5) * 8192" in out
+    assert "LBO 8192 B, SBO 512 B, swizzle 64B (code 2)" in out
+    assert "dims {32, S, 3, H, B}" in out and "box {32, 128, 3, 1, 1} (24576 B), swizzle 64B" in out
+    assert "0 mismatches" in out
+
+
+def test_verify_covers_every_head_dim():
+    from layouts.operands import HEAD_DIMS
+
+    assert {spec[3] for spec in all_specs()} == set(HEAD_DIMS) == {64, 96, 128, 192, 256}
+    assert {spec[4] for spec in all_specs() if spec[0] == "k"} == {64, 80, 96, 112, 128, 256}
+    assert len(list(all_specs())) == 480
