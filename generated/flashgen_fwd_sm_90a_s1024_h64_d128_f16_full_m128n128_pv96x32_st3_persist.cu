@@ -284,6 +284,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     }
     int kv_first, n_kv;
     kv_range(m_block, len, kv_first, n_kv);
+    // Hide the (often constant) block count from the optimizer: unrolled short loops inside the tile loop
+    // overran the consumers' registers at some lengths (S=256 spilled 208 bytes).
+    asm volatile("" : "+r"(n_kv));
       auto load_q = [&]() {
         mbar_expect_tx(bars + 8 * kBarQFull, 2 * cfg::kQBytes);
         for (int c = 0; c < 2; ++c) {
@@ -344,6 +347,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     [[maybe_unused]] const int tma_batch = batch;
     int kv_first, n_kv;
     kv_range(m_block, len, kv_first, n_kv);
+    // Hide the (often constant) block count from the optimizer: unrolled short loops inside the tile loop
+    // overran the consumers' registers at some lengths (S=256 spilled 208 bytes).
+    asm volatile("" : "+r"(n_kv));
   const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
 
   float o[64];
