@@ -22,11 +22,14 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 
 # Tile choices per head dim (bench/LOG.md has the measurements):
 #   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
-#   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32 (and is why D=256 trails cuDNN).
+#   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32. block_n 80 measured the same
+#     (0.745x vs 0.737x cuDNN at (2,4096,16,256) bf16, scripts/ab.py, bench/results/ab-20261130T0802Z-*), so the
+#     key-block size is not what holds D=256 back.
 #   D=96 (not yet measured): block_n 128 as at D=128: S 64 + P 32 + O 48 registers; Q 24 KB + 48 KB per K/V
 #     stage fits 4 stages.
-#   D=192 (not yet measured): block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages,
-#     where block_n 128 (96 KB per stage) would not fit even 2.
+#   D=192: block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages, where block_n 128
+#     (96 KB per stage) would not fit even 2. Measured at (2,4096,16,192) bf16: block_n 64 0.995x cuDNN, 80 0.703x,
+#     96 0.755x (same run, bench/results/ab-20261130T0802Z-*).
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
@@ -51,14 +54,15 @@ MAX_STAGES = 4
 PERSISTENT_MAX_STAGES = 3
 # Skip O's rescale when no row max grew (a warp vote per key block). Worth it where O is large; at D=64 the
 # vote seems to cost more than the 32 multiplies it saves (0.895x -> 0.845x cuDNN between runs, bench/LOG.md
-# v4), so D=64 rescales unconditionally. Not yet re-measured (v6 in the log). D=96 (48 multiplies) falls
-# with D=64 and D=192 (96) with D=128; neither measured yet.
+# v4), so D=64 rescales unconditionally: (16,1024,32,64) 0.840x -> 0.900x (v6). D=96 (48 multiplies) falls
+# with D=64 and D=192 (96) with D=128; those two are not measured.
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 # Persistent CTAs (one per SM, looping over tiles; bench/LOG.md v7) where every tile does the same work: the
 # next tile's loads hide under this one's epilogue. Non-causal, same run: seed 0.941x -> 1.019x cuDNN,
 # (8,512,32,128) 0.870x -> 1.004x, (16,1024,32,64) 0.927x -> 0.978x, long sequences +1%. Causal tiles differ in
-# length and a static tile order balances them worse than the hardware's block scheduler: (1,16384,16,128)
-# causal 1.088x -> 0.768x. So: on unless a right bound moves with the query (causal, a right window).
+# length: with a static tile order (1,16384,16,128) causal fell 1.088x -> 0.768x; with tiles taken from a
+# global counter (v8) it is 1.041x against 1.099x per-tile CTAs in the same run (causal 4k 1.097x vs 1.145x).
+# So: on unless a right bound moves with the query (causal, a right window).
 def persistent_by_default(spec: KernelSpec) -> bool:
     return spec.head_dim <= PERSISTENT_MAX_HEAD_DIM and spec.block_n >= 128 and not spec.causal and spec.window[1] < 0
 
