@@ -165,7 +165,10 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
         runtime += [counter.data_ptr(), driver.I32(plan.tiles_m(max_seqlen)), driver.I32(shape.batch)]
     args = driver.pack_args(maps + runtime + [float(scale * LOG2E)])
-    grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
+    try:
+        grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
+    except SpecError as e:
+        raise InputError(str(e)) from None
     keep_alive = ((cu_seqlens_q, cu_seqlens_k) if varlen else ()) + ((counter,) if counter is not None else ())
     return PreparedAttention(built, kernel, args, grid, o, lse, q.device, keep_alive)
 

@@ -331,3 +331,11 @@ def test_derivations_are_shared_across_plans():
     """attention() resolves a spec on every call; the layouts must be derived once, not per call."""
     first, second = make_plan(KernelSpec(1024, 8, 128)), make_plan(KernelSpec(2048, 8, 128, causal=True))
     assert first.q is second.q and first.k is second.k
+
+
+def test_persistent_grid_is_bounded_by_the_sms_and_the_tile_counter():
+    plan = make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=128, persistent=True))
+    assert plan.grid(3, sms=132) == (132, 1, 1) and plan.grid(1, sms=1000) == (8 * 16, 1, 1)
+    with pytest.raises(SpecError, match="overflow the persistent kernel's 32-bit tile counter"):
+        plan.grid(2**31 // (8 * 16) + 1, sms=132)
+    assert make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=128, persistent=False)).grid(3) == (8, 16, 3)
