@@ -906,10 +906,10 @@ def varlen_reference(q, k, v, lens: Sequence[int], *, causal: bool, lens_k: Sequ
     q[cu_q[b]:cu_q[b+1]] against k, v[cu_k[b]:cu_k[b+1]], with its bottom-right causal alignment."""
     import torch
 
-    cu_q, cu_k = cu_seqlens_of(lens), cu_seqlens_of(lens if lens_k is None else lens_k)
-    outs = [reference(q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]], v[None, cu_k[b]:cu_k[b + 1]],
-                      causal=causal)[0][0] for b in range(len(lens))]
-    return torch.cat(outs)
+    from .check import reference_varlen
+
+    cu_q, cu_k = (torch.tensor(cu_seqlens_of(x), dtype=torch.int32) for x in (lens, lens if lens_k is None else lens_k))
+    return reference_varlen(q, k, v, cu_q, cu_k, causal=causal)[0]
 
 
 def key_padding_bias(torch, lens: Sequence[int], max_len: int, dtype, device=None):
