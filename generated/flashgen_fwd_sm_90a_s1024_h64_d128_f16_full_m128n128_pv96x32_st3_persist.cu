@@ -2,7 +2,7 @@
 // flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist: S=1024 H=64 D=128 f16 non-causal, block 128x128, PV split 96+32, 3 stages
 //
 // Structure (persistent: one CTA per SM taking 128-row query tiles from a counter, 384 threads):
-//   warpgroup 0  producer: one thread issues TMA loads of Q once and K/V into a 3-stage ring.
+//   warpgroup 0  producer: one thread issues TMA loads of each tile's Q and of K/V into a 3-stage ring.
 //   warpgroups 1, 2  consumers: each owns 64 query rows; S = Q K^T by wgmma (both operands in
 //                 shared memory), online softmax in exp2, O += P V by wgmma with P in registers, issued in
 //                 chunks of 96+32 keys; O is normalized, staged in shared memory and stored by TMA.
