@@ -72,10 +72,12 @@ class PreparedAttention:
     and not the checks; the inputs must stay alive and unmoved while it is used.
     """
 
-    def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device, keep_alive=()):
+    def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device, *, offsets=(),
+                 tile_counter=None):
         self.built, self.kernel, self.args, self.grid = built, kernel, args, grid
         self.o, self.lse, self.device = o, lse, device
-        self._keep_alive = keep_alive  # tensors the kernel reads by address (varlen offsets)
+        self.offsets = offsets  # varlen: (cu_seqlens_q, cu_seqlens_k), read by address at every launch
+        self.tile_counter = tile_counter  # persistent: the device int the CTAs take tiles from
 
     @property
     def spec(self) -> KernelSpec:
@@ -94,12 +96,12 @@ class PreparedAttention:
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
             out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
-            cu_seqlens_q=None,
-            cu_seqlens_k=None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> PreparedAttention:
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+            max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages, pingpong and persistent are the tuning knobs of KernelSpec; the defaults are the measured
-    choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are copied to the host
+    pv_split, block_n, stages, pingpong and persistent are the tuning knobs of KernelSpec; the defaults are the
+    measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are copied to the host
     once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     import torch
@@ -169,8 +171,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
     except SpecError as e:
         raise InputError(str(e)) from None
-    keep_alive = ((cu_seqlens_q, cu_seqlens_k) if varlen else ()) + ((counter,) if counter is not None else ())
-    return PreparedAttention(built, kernel, args, grid, o, lse, q.device, keep_alive)
+    offsets = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
+    return PreparedAttention(built, kernel, args, grid, o, lse, q.device, offsets=offsets, tile_counter=counter)
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
