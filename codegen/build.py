@@ -16,7 +16,7 @@ ARGUMENTS = (
     ("tmap_k", "CUtensorMap (by value, __grid_constant__)"),
     ("tmap_v", "CUtensorMap (by value, __grid_constant__)"),
     ("tmap_o", "CUtensorMap (by value, __grid_constant__)"),
-    ("lse", "float* (B, H, S) contiguous, natural-log logsumexp of each row"),
+    ("lse_out", "float* (B, H, S) contiguous, natural-log logsumexp of each row"),
     ("scale_log2", "float: softmax scale * log2(e)"),
 )
 VARLEN_ARGUMENTS = (
@@ -25,6 +25,11 @@ VARLEN_ARGUMENTS = (
     ("o_gmem", "unsigned char*: o's base address, for tiles that end inside a sequence (stored without TMA)"),
     ("o_row_bytes", "long long: o's stride between packed rows, in bytes"),
     ("o_head_bytes", "long long: o's stride between heads, in bytes"),
+)
+PERSISTENT_ARGUMENTS = (
+    ("tile_counter", "int*: zero before the launch (the launch leaves it zero); CTAs take tiles from it"),
+    ("tiles_m", "int: query tiles per (head, sequence): ceil(S / block_m), or of max_seqlen_q when varlen"),
+    ("batches", "int: batch entries (sequences when varlen)"),
 )
 
 
@@ -52,9 +57,7 @@ class BuiltKernel:
             "kernel": kernel,
             "spec": spec.to_json(),
             "arch": spec.arch,
-            "grid": ({"x": "ceil(max_seqlen_q / block_m)", "y": "heads = %d" % spec.heads, "z": "sequences"}
-                     if spec.varlen else
-                     {"x": "ceil(S / block_m) = %d" % plan.m_blocks, "y": "heads = %d" % spec.heads, "z": "batch"}),
+            "grid": self.grid_description(),
             "block": [plan.threads, 1, 1],
             "dynamic_smem_bytes": plan.smem.total,
             "arguments": [{"name": n, "type": t} for n, t in self.arguments()],
@@ -69,11 +72,21 @@ class BuiltKernel:
 
 
     def arguments(self) -> tuple[tuple[str, str], ...]:
-        """The kernel's parameters in order (the varlen ones sit between lse and the scale)."""
-        if not self.spec.varlen:
-            return ARGUMENTS
-        lse = ("lse", "float* (H, total_q) contiguous, natural-log logsumexp of each packed row")
-        return ARGUMENTS[:4] + (lse,) + VARLEN_ARGUMENTS + ARGUMENTS[5:]
+        """The kernel's parameters in order: maps, lse, [varlen], [persistent], the scale."""
+        lse = ARGUMENTS[4]
+        if self.spec.varlen:
+            lse = ("lse_out", "float* (H, total_q) contiguous, natural-log logsumexp of each packed row")
+        return (ARGUMENTS[:4] + (lse,) + (VARLEN_ARGUMENTS if self.spec.varlen else ())
+                + (PERSISTENT_ARGUMENTS if self.spec.persistent else ()) + ARGUMENTS[5:])
+
+    def grid_description(self) -> dict:
+        spec, plan = self.spec, self.plan
+        tiles_m = "ceil(max_seqlen_q / block_m)" if spec.varlen else "ceil(S / block_m) = %d" % plan.m_blocks
+        batches = "sequences" if spec.varlen else "batch"
+        if spec.persistent:
+            return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {spec.heads}",
+                    "y": "1", "z": "1"}
+        return {"x": tiles_m, "y": "heads = %d" % spec.heads, "z": batches}
 
     def global_layout(self) -> str:
         spec = self.spec

@@ -209,7 +209,7 @@ class Plan:
         if self.spec.persistent:
             if sms < 1:
                 raise ValueError("a persistent kernel's grid needs the device's SM count")
-            if tiles_m * self.spec.heads * batch >= 2**31:
+            if tiles_m * self.spec.heads * batch >= 2**31 - sms:  # the kernel forms gridDim.x + fetched
                 raise SpecError(f"{tiles_m * self.spec.heads * batch} query tiles overflow the persistent kernel's "
                                 "32-bit tile counter; pass persistent=False")
             return (min(tiles_m * self.spec.heads * batch, sms), 1, 1)

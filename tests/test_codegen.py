@@ -266,10 +266,21 @@ def test_manifest_describes_the_launch():
     manifest = built.manifest()
     assert manifest["block"] == [384, 1, 1]
     assert manifest["dynamic_smem_bytes"] == built.plan.smem.total
-    assert [a["name"] for a in manifest["arguments"]] == ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse",
-                                                          "scale_log2"]
+    assert [a["name"] for a in manifest["arguments"]] == ["tmap_q", "tmap_k", "tmap_v", "tmap_o", "lse_out",
+                                                          "tile_counter", "tiles_m", "batches", "scale_log2"]
+    assert manifest["grid"]["y"] == manifest["grid"]["z"] == "1"  # persistent: one CTA per SM, tiles from a counter
     assert manifest["tensor_maps"]["q"]["box"] == [64, 64, 2, 1, 1]
     json.dumps(manifest)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(varlen=True, persistent=False),
+                                     dict(varlen=True, persistent=True, causal=True)], ids=str)
+def test_manifest_arguments_are_the_kernel_parameters(options):
+    """Whoever launches from the manifest must pass exactly the kernel's parameters, in order."""
+    built = build(resolve(KernelSpec(seq_len=1000, heads=16, head_dim=128, **options)))
+    signature = built.rendered.source.split(built.rendered.kernel_name + "(", 1)[1].split(") {", 1)[0]
+    parameters = re.findall(r"(\w+)\s*(?:,|\Z)", " ".join(signature.split()))
+    assert [a["name"] for a in built.manifest()["arguments"]] == parameters
 
 
 def test_generated_kernels_match_the_templates():
