@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """One call on the GPU machine: GPU tests, the probe, the exported example, the benchmark; a table last.
 
-    PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--bench-args "..."]
+    PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
 
-Full logs go to $OUT (or ./gpu-check-out): pytest.log, probe.log, bench.log and the benchmark's result
-files. The device machine has the image's own python3 with torch; nothing is installed.
+Everything lands in $OUT (or ./gpu-check-out) as two files, because the device tool returns only a few:
+summary.txt (the table printed last) and logs.tgz (pytest, probe, export and bench logs, and each matrix's
+result files under results/<matrix>/, ready to copy into bench/results). The device machine has the image's
+own python3 with torch; nothing is installed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -46,11 +50,16 @@ def main() -> int:
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-export", action="store_true")
     parser.add_argument("--tests", default="tests/test_gpu.py", help="pytest target(s)")
-    parser.add_argument("--bench-args", default="--matrix default")
+    parser.add_argument("--matrices", default="default,coverage,varlen",
+                        help="benchmark matrices to run, comma-separated (gen.py bench --matrix NAME each)")
+    parser.add_argument("--bench-peers", default="flashgen,cudnn,flash,flex,cudnn_varlen,flash_varlen",
+                        help="--peers for the coverage and varlen matrices (default keeps flex off varlen rows, "
+                             "whose dense document masks take minutes at 64k tokens)")
     parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
     args = parser.parse_args()
-    out = pathlib.Path(os.environ.get("OUT", ROOT / "gpu-check-out"))
-    out.mkdir(parents=True, exist_ok=True)
+    final = pathlib.Path(os.environ.get("OUT", ROOT / "gpu-check-out"))
+    final.mkdir(parents=True, exist_ok=True)
+    out = pathlib.Path(tempfile.mkdtemp(prefix="gpu-check-"))  # logs gather here, then go into logs.tgz
     summary = []
 
     if not args.skip_tests:
@@ -92,16 +101,23 @@ def main() -> int:
         print(detail, flush=True)
 
     if not args.skip_bench:
-        rc, text, secs = run([sys.executable, "gen.py", "bench", *shlex.split(args.bench_args)], out / "bench.log",
-                             timeout=480)
-        for f in sorted((ROOT / "bench" / "results").glob("h200-latest.*")):
-            shutil.copy(f, out / f.name)
-        summary.append(("benchmark", "OK" if rc == 0 else f"FAIL rc={rc}", "see bench.log", secs))
-        print("\n".join(text.splitlines()[-30:]), flush=True)
+        for matrix in filter(None, args.matrices.split(",")):
+            results = out / "results" / matrix
+            peers = [] if matrix == "default" else ["--peers", args.bench_peers]
+            rc, text, secs = run([sys.executable, "gen.py", "bench", "--matrix", matrix, *peers, "--out", str(results)],
+                                 out / f"bench-{matrix}.log", timeout=480)
+            geomean = next((line.split(None, 1)[1][:100] for line in reversed(text.splitlines())
+                            if line.startswith("geomean")), "(no geomean)")
+            summary.append((f"bench {matrix}", "OK" if rc == 0 else f"FAIL rc={rc}", f"geomean {geomean}", secs))
+            print("\n".join(text.splitlines()[-14:]), flush=True)
 
-    print("\n== gpu_check summary ==")
-    for name, status, detail, secs in summary:
-        print(f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}")
+    lines = ["== gpu_check summary =="] + [f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}"
+                                          for name, status, detail, secs in summary]
+    print("\n" + "\n".join(lines))
+    (final / "summary.txt").write_text("\n".join(lines) + "\n")
+    with tarfile.open(final / "logs.tgz", "w:gz") as tar:
+        tar.add(out, arcname="gpu-check")
+    shutil.rmtree(out, ignore_errors=True)
     return 0 if all(s[1] in ("PASS", "OK") for s in summary) else 1
 
 
