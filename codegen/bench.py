@@ -1026,13 +1026,8 @@ def _flashgen_varlen_calls(split: tuple[int, ...]):
     """flashgen's varlen API: prepare(q, k, v, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., ...)."""
 
     def make(torch, inputs: Inputs, case: Case):
-        import inspect
-
         from codegen.api import prepare
 
-        params = inspect.signature(prepare).parameters
-        if "cu_seqlens_q" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise Unavailable("this flashgen's codegen.api.prepare takes no cu_seqlens_q (no varlen interface yet)")
         cu = inputs.cu_seqlens
         prepared = [prepare(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=case.seq, max_seqlen_k=case.seq,
                             causal=case.causal, pv_split=split) for q, k, v in inputs.sets]

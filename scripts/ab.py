@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python3 scripts/ab.py --matrix default --variant base: --variant persist:persistent=1
     PYTHONPATH=. python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
+    PYTHONPATH=. python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
 pingpong, persistent); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
@@ -44,7 +45,12 @@ def flashgen_peer(name: str, kwargs: dict) -> bench.Peer:
     def make(torch, inputs, case):
         from codegen.api import prepare
 
-        return [prepare(q, k, v, causal=case.causal, **kwargs).__call__ for q, k, v in inputs.sets]
+        if case.varlen:  # packed sets, one cu_seqlens for q and k (as gen.py bench --varlen)
+            cu = inputs.cu_seqlens
+            kwargs_all = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=case.seq, max_seqlen_k=case.seq, **kwargs)
+        else:
+            kwargs_all = kwargs
+        return [prepare(q, k, v, causal=case.causal, **kwargs_all).__call__ for q, k, v in inputs.sets]
 
     return bench.Peer(name, make)
 
@@ -73,7 +79,9 @@ def main(argv: list[str]) -> int:
     table = []
     for case in cases:
         inputs = bench.make_inputs(torch, case)
-        cudnn = bench.measure(torch, bench.PEERS["cudnn"], None, case, inputs, config)
+        # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
+        yardstick = (bench.VARLEN_PEER_IMPLS if case.varlen else bench.PEERS)["cudnn"]
+        cudnn = bench.measure(torch, yardstick, None, case, inputs, config)
         line = {"shape": case.label, "cudnn_ms": cudnn.ms}
         for name, kwargs in variants:
             row = bench.measure(torch, flashgen_peer(name, kwargs), None, case, inputs, config)

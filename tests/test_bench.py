@@ -704,22 +704,7 @@ def test_aten_op_checks_the_arguments_it_will_pass():
         bench.aten_op(torch, "_flash_attention_forward", ("query", "seqlens_q"))
 
 
-def test_flashgen_without_a_varlen_api_skips_its_rows(monkeypatch):
-    import codegen.api
-
-    def dense_only(q, k, v, *, causal=False, scale=None, pv_split=None):
-        raise AssertionError("not reached")
-
-    monkeypatch.setattr(codegen.api, "prepare", dense_only)
-    peer = bench.Peer("flashgen[96+32]", bench._flashgen_varlen_calls((96, 32)))
-    row = bench.measure(None, peer, (96, 32), RAGGED, bench.Inputs((), None),
-                        bench.parse_config(["--varlen", "100,200"]))
-    assert row.skipped and "no varlen interface" in row.skipped
-    rows = bench.finalize([Row("cudnn", RAGGED, ms=1.0), row])
-    assert "no PV split ran" in next(r for r in rows if r.impl == "flashgen").error
-
-
-def test_flashgen_varlen_calls_use_the_lead_interface(monkeypatch):
+def test_flashgen_varlen_calls_use_the_varlen_interface(monkeypatch):
     import codegen.api
 
     seen = []
