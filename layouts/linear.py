@@ -63,6 +63,14 @@ def log2_exact(extent: int, what: str) -> int:
     return int(extent).bit_length() - 1
 
 
+def index_grid(extents: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """Every point of a box with these extents as flat numpy arrays, the first dim varying fastest."""
+    names = list(extents)
+    # np.indices varies its last axis fastest, so list the dims in reverse.
+    idx = np.indices([extents[d] for d in reversed(names)], dtype=np.int64).reshape(len(names), -1)
+    return {d: idx[len(names) - 1 - p] for p, d in enumerate(names)}
+
+
 class LinearLayout:
     """An affine map over GF(2) between named, ordered, power-of-two dims (see module docstring)."""
 
@@ -206,10 +214,7 @@ class LinearLayout:
 
     def grid(self) -> dict[str, np.ndarray]:
         """Every input point as flat numpy arrays, first input dim varying fastest."""
-        names = list(self._in)
-        # np.indices varies its last axis fastest, so list the dims in reverse.
-        idx = np.indices([self._in[d] for d in reversed(names)], dtype=np.int64).reshape(len(names), -1)
-        return {d: idx[len(names) - 1 - p] for p, d in enumerate(names)}
+        return index_grid(self._in)
 
     # ----- evaluation ------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from .errors import LayoutError
-from .linear import LinearLayout, log2_exact
+from .linear import LinearLayout, index_grid, log2_exact
 
 EXHAUSTIVE_LIMIT = 1 << 20
 
@@ -113,9 +113,7 @@ class StackedLayout:
 
     def grid(self) -> dict[str, np.ndarray]:
         """Every point of the logical domain as flat numpy arrays, first dim varying fastest."""
-        names = list(self._extents)
-        idx = np.indices([self._extents[d] for d in reversed(names)], dtype=np.int64).reshape(len(names), -1)
-        return {d: idx[len(names) - 1 - p] for p, d in enumerate(names)}
+        return index_grid(self._extents)
 
     # ----- evaluation ------------------------------------------------------------------------
 
