@@ -25,8 +25,9 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 #   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32. block_n 80 measured the same
 #     (0.745x vs 0.737x cuDNN at (2,4096,16,256) bf16, scripts/ab.py, bench/results/ab-20261130T0802Z-*), so the
 #     key-block size is not what holds D=256 back.
-#   D=96 (not yet measured): block_n 128 as at D=128: S 64 + P 32 + O 48 registers; Q 24 KB + 48 KB per K/V
-#     stage fits 4 stages.
+#   D=96: block_n 128 as at D=128 (S 64 + P 32 + O 48 registers). Measured, same run (scripts/ab.py,
+#     bench/results/ab-20261130T0848Z-d96-block_n.json): (2,4096,16,96) bf16 1.123x cuDNN vs block_n 64 1.027x,
+#     (8,1024,16,96) 1.103x vs 0.989x.
 #   D=192: block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages, where block_n 128
 #     (96 KB per stage) would not fit even 2. Measured at (2,4096,16,192) bf16: block_n 64 0.995x cuDNN, 80 0.703x,
 #     96 0.755x (same run, bench/results/ab-20261130T0802Z-*).
@@ -63,8 +64,13 @@ CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 # length: with a static tile order (1,16384,16,128) causal fell 1.088x -> 0.768x; with tiles taken from a
 # global counter (v8) it is 1.041x against 1.099x per-tile CTAs in the same run (causal 4k 1.097x vs 1.145x).
 # So: on unless a right bound moves with the query (causal, a right window).
+# Varlen tiles differ in length whatever the mask, and there the counter wins for causal too (same run,
+# scripts/ab.py --matrix varlen, bench/results/ab-20261130T0848Z-varlen-persistent.json): 1.948x -> 2.001x,
+# kv8 1.967x -> 2.020x, 16k 2.819x -> 2.909x padded cuDNN; non-causal 2.973x -> 2.974x, 4.576x -> 4.525x.
 def persistent_by_default(spec: KernelSpec) -> bool:
-    return spec.head_dim <= PERSISTENT_MAX_HEAD_DIM and spec.block_n >= 128 and not spec.causal and spec.window[1] < 0
+    if spec.head_dim > PERSISTENT_MAX_HEAD_DIM or spec.block_n < 128:
+        return False
+    return spec.varlen or (not spec.causal and spec.window[1] < 0)
 
 
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
