@@ -24,13 +24,19 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 #   D=64, 128: block_n 128 keeps S (64 f32/thread) + P (32) + O (<=64) within the consumers' 240 registers.
 #   D=256: O alone takes 128 registers/thread, so block_n 64 keeps S at 32. block_n 80 measured the same
 #     (0.745x vs 0.737x cuDNN at (2,4096,16,256) bf16, scripts/ab.py, bench/results/ab-20261130T0802Z-*), so the
-#     key-block size is not what holds D=256 back.
+#     key-block size is not what held D=256 back: its two stages were (v10, 0.73x -> 1.02-1.05x).
 #   D=96: block_n 128 as at D=128 (S 64 + P 32 + O 48 registers). Measured, same run (scripts/ab.py,
 #     bench/results/ab-20261130T0848Z-d96-block_n.json): (2,4096,16,96) bf16 1.123x cuDNN vs block_n 64 1.027x,
 #     (8,1024,16,96) 1.103x vs 0.989x.
 #   D=192: block_n 64: O takes 96 registers, and Q 48 KB + 48 KB per stage fits 3 stages, where block_n 128
 #     (96 KB per stage) would not fit even 2. Measured at (2,4096,16,192) bf16: block_n 64 0.995x cuDNN, 80 0.703x,
 #     96 0.755x (same run, bench/results/ab-20261130T0802Z-*).
+#   Wider key blocks (144..208, up to spec.MAX_ACCUMULATOR_REGISTERS; FlashAttention-3 runs D=128 as 128 x 176)
+#     do not win. Before K and V were released separately (v10) they fit only 2 stages and lost 10-25% at D=128
+#     (bench/results/ab-20261130T0858Z-wide-key-blocks-*). After it, same run (ab-20261130T0904Z-split-release-
+#     block_n.json): (4,4096,32,128) 128: 1.005x, 176: 1.001x, 192: 1.011x; (1,16384,16,128) 0.966x, 1.006x,
+#     1.022x; (16,1024,32,64) 128: 1.059x, 208: 1.027x, 224: 0.970x; (2,4096,16,256) 64: 1.054x, 80: 1.064x.
+#     Within run-to-run spread (3-5%), so the defaults stay.
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
@@ -188,7 +194,7 @@ class Plan:
             offset = _align(offset, derivation.smem_align)
             placed[name] = (offset, derivation.smem_bytes)
             offset += count * derivation.smem_bytes
-        barriers = 1 + 3 * s.stages + (1 if s.persistent else 0)  # Q full, K full, V full, K/V empty[, Q empty]
+        barriers = 1 + 4 * s.stages + (1 if s.persistent else 0)  # Q full, K/V full, K/V empty[, Q empty]
         bar_offset = _align(offset, 8)
         tile_slot_offset = bar_offset + 8 * barriers
         total = tile_slot_offset + (8 if s.persistent else 0) + SMEM_ALIGN_SLACK

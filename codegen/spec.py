@@ -14,9 +14,13 @@ from dataclasses import dataclass
 SUPPORTED_ARCHS = ("sm_90a",)
 SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
-# Keys per K/V tile: N of QK^T and K of PV, so whole 16-key MMA slices. Non-powers of two (80, 96, 112) are
-# stacked layouts, verified like the others.
-SUPPORTED_BLOCK_N = (64, 80, 96, 112, 128)
+# Keys per K/V tile: N of QK^T (at most 256 for wgmma) and K of PV, so whole 16-key MMA slices. Non-powers of
+# two (80, 96, 112, 144, ...) are stacked layouts, verified like the others.
+SUPPORTED_BLOCK_N = tuple(range(64, 257, 16))
+# A consumer thread holds S (block_n / 2 f32), P (block_n / 4 packed pairs) and O (head_dim / 2 f32) at once,
+# within its 240 registers. ptxas fits 208 of them without spilling (D=128 with block_n 192) and spills at
+# 216 (D=96 with block_n 224) and 224 (D=64 with block_n 256).
+MAX_ACCUMULATOR_REGISTERS = 208
 # One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
 ROWS_PER_CONSUMER = 64
 MMA_K = 16
@@ -67,7 +71,12 @@ class KernelSpec:
         if self.block_n:
             _require(self.block_n in SUPPORTED_BLOCK_N,
                      f"block_n {self.block_n} must be a multiple of {MMA_K} in {SUPPORTED_BLOCK_N[0]}.."
-                     f"{SUPPORTED_BLOCK_N[-1]} (16-key MMA slices of P V; S and O must fit the consumer's registers)")
+                     f"{SUPPORTED_BLOCK_N[-1]} (16-key MMA slices of P V; at most 256, the widest wgmma)")
+            regs = self.block_n // 2 + self.block_n // 4 + self.head_dim // 2
+            _require(regs <= MAX_ACCUMULATOR_REGISTERS,
+                     f"block_n {self.block_n} with head_dim {self.head_dim} needs {regs} accumulator registers per "
+                     f"consumer thread (S {self.block_n // 2} + P {self.block_n // 4} + O {self.head_dim // 2}), over "
+                     f"the {MAX_ACCUMULATOR_REGISTERS} that fit without spilling; use a smaller block_n")
         # One stage would deadlock: the consumers release a slot only after PV of its block, which they issue after
         # waiting for the next block in that same slot.
         _require(self.stages in (0, 2, 3, 4), f"stages must be 2..4 (0 for the default), got {self.stages}")

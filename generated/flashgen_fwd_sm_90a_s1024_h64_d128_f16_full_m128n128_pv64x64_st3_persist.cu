@@ -169,7 +169,7 @@ constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
 constexpr u32 kVOffset = 131072, kVBytes = 32768;
 constexpr u32 kBarOffset = 229376;
-constexpr u32 kTileSlotOffset = 88;  // from kBarOffset: two tile indices
+constexpr u32 kTileSlotOffset = 112;  // from kBarOffset: two tile indices
 // Descriptors relative to a tile at shared address 0, one per 16-wide k slice; add (tile_address >> 4).
 __device__ constexpr u64 kQDesc[8] = {0x4000004000010000ull, 0x4000004000010002ull, 0x4000004000010004ull, 0x4000004000010006ull, 0x4000004000010200ull, 0x4000004000010202ull, 0x4000004000010204ull, 0x4000004000010206ull};
 __device__ constexpr u64 kKDesc[8] = {0x4000004000010000ull, 0x4000004000010002ull, 0x4000004000010004ull, 0x4000004000010006ull, 0x4000004000010400ull, 0x4000004000010402ull, 0x4000004000010404ull, 0x4000004000010406ull};
@@ -180,8 +180,10 @@ __device__ constexpr u64 kVDesc[8] = {0x4000004004000000ull, 0x4000004004000080u
 enum : u32 { kEpilogueBarrier = 1, kTurnBarrier = 3 };
 
 // Barrier slots, 8 bytes each, after the tiles.
-enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKvEmpty = 1 + 2 * cfg::kStages,
-             kBarQEmpty = 1 + 3 * cfg::kStages };
+// K and V slots are released separately: K once QK has read it, V once PV has, so with two stages the next K
+// load starts a whole PV earlier than a shared K/V release would let it.
+enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKEmpty = 1 + 2 * cfg::kStages,
+             kBarVEmpty = 1 + 3 * cfg::kStages, kBarQEmpty = 1 + 4 * cfg::kStages };
 
 // S = Q K^T over the head dim (8 k-slices), committed as one wgmma group.
 static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 k_tile) {
@@ -251,7 +253,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
     for (int s = 0; s < cfg::kStages; ++s) {
       mbar_init(bars + 8 * (kBarKFull + s), 1);
       mbar_init(bars + 8 * (kBarVFull + s), 1);
-      mbar_init(bars + 8 * (kBarKvEmpty + s), 8);  // one arrive per consumer warp
+      mbar_init(bars + 8 * (kBarKEmpty + s), 8);  // one arrive per consumer warp
+      mbar_init(bars + 8 * (kBarVEmpty + s), 8);
     }
     fence_barrier_init();
   }
@@ -294,14 +297,25 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
           tma_load_5d(smem + cfg::kQOffset + c * cfg::kQBytes, &tmap_q, bars + 8 * kBarQFull, 0, row0, 0, head, tma_batch);
         }
       };
-      auto load_kv = [&](int t) {  // the tile's t-th key block, kv_first + t, into ring position ring + t
+      // The tile's t-th key block, kv_first + t, goes to ring position ring + t. K(t) is issued before V(t-1):
+      // QK(t) is the consumers' next need, PV(t-1) comes after it.
+      auto load_k = [&](int t) {
         const int s = ((ring + t) % cfg::kStages);
-        if (ring + t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKvEmpty + s), (((ring + t) / cfg::kStages) & 1) ^ 1);
+        if (ring + t >= cfg::kStages) mbar_wait(bars + 8 * (kBarKEmpty + s), (((ring + t) / cfg::kStages) & 1) ^ 1);
         const int row0 = k_start + (kv_first + t) * cfg::kBlockN;
         mbar_expect_tx(bars + 8 * (kBarKFull + s), cfg::kKBytes);
         tma_load_5d(smem + cfg::kKOffset + s * cfg::kKBytes, &tmap_k, bars + 8 * (kBarKFull + s), 0, row0, 0, head_kv, tma_batch);
+      };
+      auto load_v = [&](int t) {
+        const int s = ((ring + t) % cfg::kStages);
+        if (ring + t >= cfg::kStages) mbar_wait(bars + 8 * (kBarVEmpty + s), (((ring + t) / cfg::kStages) & 1) ^ 1);
+        const int row0 = k_start + (kv_first + t) * cfg::kBlockN;
         mbar_expect_tx(bars + 8 * (kBarVFull + s), cfg::kVBytes);
         tma_load_5d(smem + cfg::kVOffset + s * cfg::kVBytes, &tmap_v, bars + 8 * (kBarVFull + s), 0, row0, 0, head_kv, tma_batch);
+      };
+      auto load_kv = [&](int t) {  // K(t), then V(t-1)
+        load_k(t);
+        if (t > 0) load_v(t - 1);
       };
       // Loads in the order their buffers free up: the first kStages - 1 blocks' slots as the previous tile's
       // PVs finish, Q after its last QK, the slot that staged its O after its store. Every later block waits
@@ -311,6 +325,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
       if (done > 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
       load_q();
       for (int t = early; t < n_kv; ++t) load_kv(t);
+      if (n_kv > 0) load_v(n_kv - 1);
     
     ring += n_kv;
     ++done;
@@ -362,7 +377,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
   u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV
 
   float alpha[2];
-  int o_slot = -1;  // the K/V slot of the tile's last block, where O is staged; -1: the Q tile (no keys)
+  int o_slot = -1;  // the K slot of the tile's last block, where O is staged; -1: the Q tile (no keys)
   if (n_kv > 0) {
   // The first key block: S, softmax, P. No O to rescale yet.
   named_barrier_sync(kTurnBarrier + consumer, 256);
@@ -370,11 +385,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
   issue_qk(sc, q_tile, smem + cfg::kKOffset + ((ring + 0) % cfg::kStages) * cfg::kKBytes);
   named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
   wgmma_wait<0>();
-  
-    if (n_kv == 1) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bars + 8 * kBarQEmpty);
-    }
+  __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (n_kv == 1 ? kBarQEmpty : kBarKEmpty + ((ring + 0) % cfg::kStages)));
   {
       const int jj = kv_first;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
@@ -429,11 +441,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
     wgmma_commit();
     named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
     wgmma_wait<2>();  // QK(j) is done; the PV(j-1) chunks may still run
-    
-    if (t == n_kv - 1) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bars + 8 * kBarQEmpty);
-    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (t == n_kv - 1 ? kBarQEmpty : kBarKEmpty + s));
     {
       const int jj = kv_first + t;
       // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
@@ -463,9 +472,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
         row_sum[row_half(i)] += sc[i];
       }
     }
-    wgmma_wait<0>();  // PV(j-1) is done: its P registers and stage j-1 are free, and O may be rescaled
+    wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
     __syncwarp();
-    if (lane == 0) mbar_arrive(bars + 8 * (kBarKvEmpty + s_prev));
+    if (lane == 0) mbar_arrive(bars + 8 * (kBarVEmpty + s_prev));
     // Rescale only when some row's max grew (alpha = exp2(0) = 1 exactly otherwise); once the running max
     // settles, most blocks skip the 64 multiplies. The branch is warp-uniform.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -494,7 +503,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
     wgmma_commit();
     named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
     wgmma_wait<0>();
-    o_slot = s_last;  // released after the O store has read it
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (kBarVEmpty + s_last));
+    o_slot = s_last;  // its K slot stages O, released after the store has read it
   }
   }  // n_kv > 0
 
@@ -546,7 +557,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
   // or its Q when there were no keys, lands there.
   if (tid == 0) {
     tma_store_drain();
-    mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKvEmpty + o_slot : kBarQEmpty), 4);
+    mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
   }
 
 

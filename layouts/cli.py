@@ -18,8 +18,9 @@ from .operands import ARCHES, DTYPE_BYTES, HEAD_DIMS, OPERANDS, OperandDerivatio
 from .seed import element_formula
 
 # Tile rows the generator stages: q/o are one consumer warpgroup's rows (64 on Hopper; up to 128 for
-# tcgen05), k/v are block_n keys (any multiple of 16 in 64..128 on sm_90a, 256 for tcgen05).
-VERIFY_BLOCK_ROWS = {"q": (64, 128), "o": (64, 128), "k": (64, 80, 96, 112, 128, 256), "v": (64, 80, 96, 112, 128, 256)}
+# tcgen05), k/v are block_n keys (any multiple of 16 in 64..256).
+KEY_BLOCK_ROWS = tuple(range(64, 257, 16))
+VERIFY_BLOCK_ROWS = {"q": (64, 128), "o": (64, 128), "k": KEY_BLOCK_ROWS, "v": KEY_BLOCK_ROWS}
 DEFAULT_BLOCK_M = {"sm_90a": 64, "sm_100a": 128, "sm_103a": 128}
 
 

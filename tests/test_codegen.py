@@ -48,8 +48,9 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
     (dict(seq_len=128, heads=1, head_dim=128, dtype="f32"), "dtype"),
     (dict(seq_len=128, heads=1, head_dim=128, arch="sm_80"), "arch"),
     (dict(seq_len=128, heads=1, head_dim=128, block_m=64), "block_m"),
-    (dict(seq_len=128, heads=1, head_dim=128, block_n=72), "block_n 72 must be a multiple of 16 in 64..128"),
-    (dict(seq_len=128, heads=1, head_dim=128, block_n=256), "block_n 256"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=72), "block_n 72 must be a multiple of 16 in 64..256"),
+    (dict(seq_len=128, heads=1, head_dim=128, block_n=256), "needs 256 accumulator registers"),
+    (dict(seq_len=128, heads=1, head_dim=64, block_n=272), "block_n 272 must be a multiple of 16"),
     (dict(seq_len=128, heads=1, head_dim=128, block_n=48), "block_n 48"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=5), "stages"),
     (dict(seq_len=128, heads=1, head_dim=128, stages=1), "stages must be 2..4"),  # one stage would deadlock

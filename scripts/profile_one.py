@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Launch one flashgen kernel a few times, for a profiler to attach to (ncu, compute-sanitizer).
+
+    ncu --clock-control none --section SpeedOfLight -k regex:flashgen \\
+        python3 scripts/profile_one.py --shape 2,4096,16,256 [--dtype bf16] [--causal] [--knob block_n=80]
+
+Inputs are random; the result is checked against nothing (gpu tests do that). Knobs are prepare()'s tuning
+keywords, as in scripts/ab.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from codegen.api import prepare
+from codegen.bench import parse_shape
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", required=True, metavar="B,S,H,D")
+    parser.add_argument("--dtype", default="bf16", choices=("f16", "bf16"))
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=INT")
+    parser.add_argument("--launches", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    batch, seq, heads, dim, kv_heads = parse_shape(args.shape)
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    q = torch.randn(batch, seq, heads, dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(batch, seq, kv_heads or heads, dim, device="cuda", dtype=dtype) for _ in range(2))
+    knobs = {name: int(value) for name, _, value in (k.partition("=") for k in args.knob)}
+    call = prepare(q, k, v, causal=args.causal, **knobs)
+    for _ in range(args.launches):
+        call()
+    torch.cuda.synchronize()
+    print(f"{args.launches} launches of {call.built.rendered.kernel_name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
