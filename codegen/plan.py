@@ -36,8 +36,21 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 #     (bench/results/ab-20261130T0858Z-wide-key-blocks-*). After it, same run (ab-20261130T0904Z-split-release-
 #     block_n.json): (4,4096,32,128) 128: 1.005x, 176: 1.001x, 192: 1.011x; (1,16384,16,128) 0.966x, 1.006x,
 #     1.022x; (16,1024,32,64) 128: 1.059x, 208: 1.027x, 224: 0.970x; (2,4096,16,256) 64: 1.054x, 80: 1.064x.
-#     Within run-to-run spread (3-5%), so the defaults stay.
+#     Within run-to-run spread (3-5%), so those defaults stay.
+#   D=128, non-causal, long keys: block_n 176 (2 stages). Repeated, same run (ab-20261130T0912Z-d128-block_n-
+#     176-192.json; base measured twice): (4,4096,32,128) 0.995x/0.997x -> 1.005x, (2,8192,16,128) 0.995x/1.004x
+#     -> 1.095x, (1,16384,16,128) 1.022x/1.022x -> 1.038x, and (1,1024,64,128) 1.000x/1.003x -> 1.002x; block_n
+#     192 loses at S=1024 (0.945x: 1024 keys end in a part block). Short keys (8 x 512: 0.862x vs 0.966x before
+#     v10), causal and varlen are not measured with it and keep 128.
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+WIDE_BLOCK_N, WIDE_BLOCK_MIN_KEYS = 176, 2048
+
+
+def default_block_n(spec: KernelSpec) -> int:
+    dense = not spec.causal and not spec.varlen and spec.window == (-1, -1)
+    if spec.head_dim == 128 and dense and spec.keys >= WIDE_BLOCK_MIN_KEYS:
+        return WIDE_BLOCK_N
+    return DEFAULT_BLOCK_N[spec.head_dim]
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
 # Other block_n (80, 96, 112; not measured) end on a 32-key chunk the same way.
@@ -85,7 +98,7 @@ MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 @functools.lru_cache(maxsize=1024)
 def resolve(spec: KernelSpec) -> KernelSpec:
     """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
-    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
+    block_n = spec.block_n or default_block_n(spec)
     split = spec.pv_split or default_pv_split(block_n)
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
