@@ -458,8 +458,12 @@ def _parse_split(text: str) -> tuple[int, ...]:
 
 
 def splits_for(block_n: int, requested: Iterable[tuple[int, ...]] = ()) -> tuple[tuple[int, ...], ...]:
-    """The PV splits to time for a kernel with this block_n: the requested ones, else every valid candidate."""
-    return tuple(requested) or tuple(s for s in CANDIDATE_SPLITS if sum(s) == block_n)
+    """The PV splits to time for a kernel with this block_n: the requested ones, else every valid candidate,
+    else the plan's default split for it (block_n 176 has no candidate)."""
+    from codegen.plan import default_pv_split
+
+    return (tuple(requested) or tuple(s for s in CANDIDATE_SPLITS if sum(s) == block_n)
+            or (tuple(default_pv_split(block_n)),))
 
 
 def kernel_spec(case: Case):

@@ -98,7 +98,8 @@ MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 @functools.lru_cache(maxsize=1024)
 def resolve(spec: KernelSpec) -> KernelSpec:
     """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
-    block_n = spec.block_n or default_block_n(spec)
+    # A PV split names its key block: (96, 32) asks for block_n 128 whatever the shape's default is.
+    block_n = spec.block_n or (sum(spec.pv_split) if spec.pv_split else default_block_n(spec))
     split = spec.pv_split or default_pv_split(block_n)
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")

@@ -161,6 +161,7 @@ def test_splits_follow_block_n():
     assert bench.splits_for(128) == ((96, 32), (64, 64))
     assert bench.splits_for(64) == ((32, 32), (64,))
     assert bench.splits_for(128, [(112, 16)]) == ((112, 16),)
+    assert bench.splits_for(176) == ((144, 32),)  # no candidate adds up to it: the plan's default split
 
 
 def test_block_n_comes_from_the_plan():

@@ -72,7 +72,21 @@ def test_resolve_fills_defaults_and_checks_the_split():
     assert (spec.block_n, spec.pv_split) == (128, (96, 32))
     assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 64
     with pytest.raises(SpecError, match="add up to block_n 64"):
+        resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, block_n=64, pv_split=(96, 32)))
+    # A split alone names its key block, and that one must fit the registers.
+    with pytest.raises(SpecError, match="needs 224 accumulator registers"):
         resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, pv_split=(96, 32)))
+
+
+def test_long_unmasked_d128_takes_the_wide_key_block():
+    wide = resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128))
+    assert (wide.block_n, wide.pv_split, wide.stages) == (176, (144, 32), 2)
+    assert resolve(KernelSpec(seq_len=1024, heads=16, head_dim=128)).block_n == 128  # short keys
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, causal=True)).block_n == 128
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, varlen=True)).block_n == 128
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=64)).block_n == 128
+    # An explicit split keeps its own key block.
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, pv_split=(64, 64))).block_n == 128
 
 
 def test_window_bounds_past_every_key_mean_unbounded():
