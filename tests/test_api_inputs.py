@@ -110,7 +110,10 @@ def test_scale():
 
 def test_split_that_does_not_fit_the_block():
     q, k, v = qkv(shape=(1, 128, 2, 256))
-    with pytest.raises(InputError, match="add up to block_n"):
+    with pytest.raises(InputError, match="add up to block_n 64"):
+        attention(q, k, v, pv_split=(96, 32), block_n=64)
+    # A split alone asks for its own key block (128 here), too wide for D=256's registers.
+    with pytest.raises(InputError, match="needs 224 accumulator registers"):
         attention(q, k, v, pv_split=(96, 32))
 
 
