@@ -130,6 +130,21 @@ def same_dtype_output_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     return out
 
 
+def worst_element(x, ref) -> str:
+    """Where x is furthest from ref, for failure messages: index, value, reference, and whether that value
+    occurs elsewhere in ref (a stale or misplaced element rather than a numeric error)."""
+    import torch
+
+    diff = (x.double() - ref).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    flat = int(diff.argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), x.shape))
+    got, want = float(x.reshape(-1)[flat]), float(ref.reshape(-1)[flat])
+    elsewhere = bool((ref.to(x.dtype).double() == got).any()) if got == got else False  # in x's precision
+    return (f"worst at {index}: {got!r} vs {want!r}; {int((diff > 1e-2 * ref.abs().max()).sum())} elements off by "
+            f"over 1% of max|ref|; value {'occurs' if elsewhere else 'does not occur'} elsewhere in the reference")
+
+
 def rel_err(x, ref) -> float:
     """||x - ref|| / ||ref|| in float64; inf when x holds a NaN or inf."""
     import torch

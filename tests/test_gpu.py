@@ -38,7 +38,8 @@ def assert_close_to_reference(q, k, v, o, lse, *, causal=False, layout="bshd", s
     ref_o, ref_lse = check.reference(q, k, v, causal=causal, layout=layout, scale=scale)
     err = check.rel_err(o, ref_o)
     sdpa_err = check.sdpa_error(q, k, v, ref_o, causal=causal, layout=layout, scale=scale)
-    assert err <= max(2 * sdpa_err, TINY), f"rel err {err:.3e} > 2 x SDPA's {sdpa_err:.3e}"
+    assert err <= max(2 * sdpa_err, TINY), \
+        f"rel err {err:.3e} > 2 x SDPA's {sdpa_err:.3e}; {check.worst_element(o, ref_o)}"
     lse_err = check.rel_err(lse, ref_lse)
     assert lse_err <= LSE_TOLERANCE, f"logsumexp rel err {lse_err:.3e}"
 
