@@ -8,7 +8,7 @@
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
 pingpong, persistent); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
 the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
-measurement (codegen/bench.py), so the numbers are comparable with `gen.py bench`.
+measurement (codegen/bench/), so the numbers are comparable with `gen.py bench`.
 """
 
 from __future__ import annotations

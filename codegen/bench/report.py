@@ -1,0 +1,366 @@
+"""The results: Row and the numbers derived from rows (best split, ratio to cuDNN, geomeans), the text and
+Markdown tables, BenchResult and its files on disk, and the run's metadata (git, host, GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .cases import Case
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DEFAULT_OUT = ROOT / "bench" / "results"
+
+
+def split_name(split: Sequence[int]) -> str:
+    return "+".join(str(c) for c in split)
+
+
+@dataclass(frozen=True)
+class Row:
+    impl: str
+    case: Case
+    ms: float | None = None
+    rel_err: float | None = None
+    snr_db: float | None = None
+    pv_split: tuple[int, ...] | None = None
+    iters: int | None = None
+    error: str | None = None
+    skipped: str | None = None
+    ratio_to_cudnn: float | None = None  # cuDNN ms / this ms: > 1 is faster than cuDNN
+    err_vs_ours: float | None = None  # rel_err / flashgen's best rel_err
+
+    @property
+    def tflops(self) -> float | None:
+        return self.case.flops / self.ms / 1e9 if self.ms else None
+
+    @property
+    def ok(self) -> bool:
+        return self.ms is not None and self.error is None and self.skipped is None
+
+    def to_json(self) -> dict:
+        c = self.case
+        return {
+            "impl": self.impl, "B": c.batch, "S": c.seq, "H": c.heads, "H_kv": c.kv_heads, "D": c.dim,
+            "causal": c.causal, "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
+            "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
+            "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
+            "pv_split": list(self.pv_split) if self.pv_split else None, "iters": self.iters,
+            "error": self.error, "skipped": self.skipped,
+            # ratio_to_cudnn divides this implementation's time into the yardstick's: "cudnn" on the problem
+            # itself, or "cudnn-padded" (cuDNN on the zero-padded batch) for a varlen case, where B is the
+            # number of sequences, S the longest, and seqlens every length.
+            "yardstick": c.yardstick, "varlen": c.varlen, "seqlens": list(c.lens) if c.varlen else None,
+            "total_tokens": c.total_tokens, "flops": c.flops, "padding_efficiency": c.padding_efficiency,
+        }
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no inf or NaN; a non-finite number is written as null (the row's error says why)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def split_impl(split: Sequence[int]) -> str:
+    return f"flashgen[{split_name(split)}]"
+
+
+def finalize(rows: Sequence[Row]) -> list[Row]:
+    """Add each case's best-split `flashgen` row, the ratio to cuDNN and the error relative to ours."""
+    out: list[Row] = []
+    for case in _unique(r.case for r in rows):
+        group = [r for r in rows if r.case == case and not (r.impl == "flashgen" and r.ok)]
+        tried = [r for r in group if r.impl.startswith("flashgen[")]
+        splits = [r for r in tried if r.ok]
+        if splits:
+            group.insert(0, dataclasses.replace(min(splits, key=lambda r: r.ms), impl="flashgen"))
+        elif tried:
+            group.insert(0, Row("flashgen", case, error="no PV split ran; see the flashgen[...] rows"))
+        cudnn = next((r for r in group if r.impl == "cudnn" and r.ok), None)
+        ours = min((r.rel_err for r in splits if r.rel_err is not None and math.isfinite(r.rel_err)), default=None)
+        for r in group:
+            ratio = cudnn.ms / r.ms if cudnn and r.ok else None
+            vs_ours = r.rel_err / ours if ours and r.rel_err is not None else None
+            out.append(dataclasses.replace(r, ratio_to_cudnn=ratio, err_vs_ours=vs_ours))
+    return out
+
+
+def _unique(items: Iterable) -> list:
+    return list(dict.fromkeys(items))
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    impl: str
+    ratios: tuple[float | None, ...]  # one per case, in case order
+    geomean: float | None
+    measured: int  # cases with a ratio
+
+
+def ratio_summaries(rows: Sequence[Row]) -> list[RatioSummary]:
+    """Per implementation (split rows left out): its ratio to cuDNN in each case, and their geomean."""
+    cases = _unique(r.case for r in rows)
+    impls = _unique(r.impl for r in rows if not r.impl.startswith("flashgen["))
+    out = []
+    for impl in impls:
+        by_case = {r.case: r.ratio_to_cudnn for r in rows if r.impl == impl}
+        ratios = tuple(by_case.get(c) for c in cases)
+        out.append(RatioSummary(impl, ratios, geomean(ratios), sum(r is not None for r in ratios)))
+    return out
+
+
+TABLE_HEADER = ("impl", "ms", "TFLOPS", "SNR dB", "rel err", "err vs ours", "vs cuDNN")
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return str(x)
+    return format(x, spec) + suffix
+
+
+def display_name(row: Row) -> str:
+    if row.impl == "flashgen" and row.pv_split:
+        return f"flashgen (best: {split_name(row.pv_split)})"
+    if row.impl == "cudnn" and row.case.varlen:
+        return "cudnn (padded" + ("" if row.case.causal else ", key-padding mask") + ")"
+    return row.impl
+
+
+def row_cells(row: Row) -> list[str]:
+    name = display_name(row)
+    if row.skipped:
+        return [name, f"skipped: {row.skipped}", "", "", "", "", ""]
+    if row.error and row.ms is None:
+        return [name, f"error: {_short(row.error)}", "", "", "", "", ""]
+    cells = [name, _fmt(row.ms, ".4f"), _fmt(row.tflops, ".1f"), _fmt(row.snr_db, ".1f"), _fmt(row.rel_err, ".2e"),
+             _fmt(row.err_vs_ours, ".2f"), _fmt(row.ratio_to_cudnn, ".3f", "x")]
+    if row.error:
+        cells[0] += f" (error: {_short(row.error)})"
+    return cells
+
+
+def _short(text: str, limit: int = 90) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def case_table(rows: Sequence[Row]) -> list[list[str]]:
+    return [list(TABLE_HEADER)] + [row_cells(r) for r in rows]
+
+
+def summary_table(rows: Sequence[Row]) -> list[list[str]]:
+    """Shapes down, implementations across: each cell the ratio to cuDNN; the last line the geomean."""
+    cases = _unique(r.case for r in rows)
+    summaries = [s for s in ratio_summaries(rows) if s.impl != "cudnn"]
+    cudnn = {r.case: r for r in rows if r.impl == "cudnn"}
+    best = {r.case: r for r in rows if r.impl == "flashgen"}
+    table = [["shape", "cuDNN ms", "cuDNN TFLOPS"] + [s.impl for s in summaries]]
+    for i, case in enumerate(cases):
+        ref = cudnn.get(case)
+        shape = f"{case.label} (vs {case.yardstick})" if case.varlen else case.label
+        line = [shape, _fmt(ref.ms if ref else None, ".4f"), _fmt(ref.tflops if ref else None, ".1f")]
+        for s in summaries:
+            cell = _fmt(s.ratios[i], ".3f", "x")
+            if s.impl == "flashgen" and case in best and best[case].pv_split:
+                cell += f" ({split_name(best[case].pv_split)})"
+            line.append(cell)
+        table.append(line)
+    # One geomean per yardstick: ratios to cuDNN on the problem itself and ratios to cuDNN on a padded batch
+    # (varlen: the padding is part of what they measure) are not averaged together.
+    for name, varlen in (("geomean", False), ("geomean varlen (vs cudnn-padded)", True)):
+        picked = [i for i, c in enumerate(cases) if c.varlen == varlen]
+        if not picked:
+            continue
+        cells = []
+        for s in summaries:
+            ratios = [s.ratios[i] for i in picked]
+            measured = sum(r is not None for r in ratios)
+            cells.append(f"{_fmt(geomean(ratios), '.3f', 'x')} ({measured}/{len(picked)})")
+        table.append([name, "", ""] + cells)
+    return table
+
+
+def render_text(table: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_markdown(table: Sequence[Sequence[str]]) -> str:
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(table[0]), "|" + "|".join("---" for _ in table[0]) + "|"] + [line(r) for r in table[1:]])
+
+
+# The run facts repeated in every JSON row, so each row stands alone; the Markdown file lists them all.
+RUN_KEYS = ("gpu", "driver_version", "torch", "cudnn", "triton", "date_utc", "flashgen_source_sha256", "command")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    meta: dict
+    rows: tuple[Row, ...]
+    mode: str
+
+    def to_json(self) -> list[dict]:
+        """A list of rows (the issue's format); each row carries the run's GPU, driver, versions and date."""
+        run = {key: self.meta.get(key) for key in RUN_KEYS}
+        return [{**r.to_json(), **run} for r in self.rows]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def utc_stamp(now: _dt.datetime) -> str:
+    return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+def results_markdown(result: BenchResult) -> str:
+    parts = [f"# flashgen bench ({result.mode})", ""]
+    parts += [f"- {k}: {v}" for k, v in result.meta.items()]
+    if result.mode == "matrix" or len(_unique(r.case for r in result.rows)) > 1:
+        parts += ["", "## Ratio to cuDNN (same run; > 1 is faster)", "", render_markdown(summary_table(result.rows))]
+    for case in _unique(r.case for r in result.rows):
+        parts += ["", f"## {case.label}", ""]
+        if case.varlen:
+            parts += [varlen_note(case), ""]
+        parts += [render_markdown(case_table([r for r in result.rows if r.case == case]))]
+    return "\n".join(parts) + "\n"
+
+
+def varlen_note(case: Case) -> str:
+    """What a varlen case's table measures, in one paragraph."""
+    mask = "is_causal" if case.causal else "an additive key-padding mask"
+    return (f"Sequence lengths (q = k): {', '.join(map(str, case.lens))}. TFLOPS count the useful work, "
+            f"{case.flops / 1e12:.2f} TFLOP (sum of 4*H*L^2*D{', halved (causal)' if case.causal else ''}). "
+            f"The yardstick `cudnn-padded` is cuDNN SDPA on the zero-padded ({case.batch}, {case.seq}) batch with "
+            f"{mask}, which computes {1 / case.padding_efficiency:.2f}x that work (padding efficiency "
+            f"{case.padding_efficiency:.0%}); its error is taken over the valid rows only. cudnn_varlen and "
+            "flash_varlen are torch's own ragged cuDNN and FlashAttention-2 kernels.")
+
+
+def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
+    """Write <gpu-slug>-<UTC stamp>.json and .md; also h200-latest.* when the GPU is an H200."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result.meta.get("date_utc_stamp") or utc_stamp(_dt.datetime.now(_dt.timezone.utc))
+    stem = f"{slug(str(result.meta.get('gpu', 'unknown')))}-{stamp}"
+    text_json = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
+    text_md = results_markdown(result)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(text_json)
+    paths[1].write_text(text_md)
+    if "h200" in str(result.meta.get("gpu", "")).lower():
+        for src, suffix in zip(paths, (".json", ".md")):
+            latest = out_dir / f"h200-latest{suffix}"
+            shutil.copyfile(src, latest)
+            paths.append(latest)
+    return paths
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository, '+dirty' when the tree has changes; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def source_sha256() -> str:
+    """SHA-256 over the generator's sources and templates: names the kernel version where there is no .git
+    (the GPU machine runs a copy of the working tree)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in ("codegen", "layouts", "templates"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".j2", ".cuh", ".h"):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def host_meta(command: str, now: _dt.datetime) -> dict:
+    """What every result records, GPU or not."""
+    meta = {
+        "date_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date_utc_stamp": utc_stamp(now),
+        "command": command,
+        "flashgen_commit": git_commit(),
+        "flashgen_source_sha256": source_sha256(),
+        "python": platform.python_version(),
+        "host_cpus": os.cpu_count(),
+    }
+    try:
+        from codegen import cuda_env
+
+        meta["nvrtc"] = ".".join(map(str, cuda_env.nvrtc_version()))
+    except Exception as e:  # the report still stands without the toolchain version
+        meta["nvrtc"] = f"unknown ({type(e).__name__})"
+    return meta
+
+
+def nvidia_smi_driver() -> str | None:
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = res.stdout.strip().splitlines()
+    return lines[0].strip() if res.returncode == 0 and lines else None
+
+
+def gpu_meta(torch) -> dict:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "driver_version": nvidia_smi_driver(),
+        "cuda_driver_api": _cuda_driver_api(),
+        "cuda_runtime_torch": torch.version.cuda,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    return meta
+
+
+def _cuda_driver_api() -> str | None:
+    """The driver's CUDA API version (e.g. 13.0), from cuda.bindings: what the installed driver supports."""
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:
+        return None
