@@ -2,6 +2,7 @@
 """One call on the GPU machine: GPU tests, the probe, the exported example, the benchmark; a table last.
 
     PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
+                                              [--ncu 1,1024,64,128:f16 --ncu 4,4096,32,128:bf16]
 
 Everything lands in $OUT (or ./gpu-check-out) as two files, because the device tool returns only a few:
 summary.txt (the table printed last) and logs.tgz (pytest, probe, export and bench logs, and each matrix's
@@ -24,6 +25,8 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
+NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16"),
                 ("1024,16,96", "f16"), ("1024,16,192", "bf16")]
 
@@ -36,6 +39,8 @@ def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, floa
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=timeout)
         rc, text = proc.returncode, proc.stdout
+    except OSError as e:  # the tool is missing (ncu or nvcc off the PATH)
+        rc, text = 127, f"[could not start {cmd[0]}: {e}]\n"
     except subprocess.TimeoutExpired as e:
         rc, text = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         text += f"\n[timed out after {timeout} s]\n"
@@ -56,6 +61,8 @@ def main() -> int:
                         help="--peers for the coverage and varlen matrices (default keeps flex off varlen rows, "
                              "whose dense document masks take minutes at 64k tokens)")
     parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
+    parser.add_argument("--ncu", action="append", default=[], metavar="B,S,H,D:DTYPE",
+                        help="profile the default kernel of this shape with ncu (clocks left alone); repeatable")
     args = parser.parse_args()
     final = pathlib.Path(os.environ.get("OUT", ROOT / "gpu-check-out"))
     final.mkdir(parents=True, exist_ok=True)
@@ -99,6 +106,17 @@ def main() -> int:
                 detail = text3.strip().splitlines()[-1] if text3.strip() else "(no output)"
         summary.append(("export example", "PASS" if rc == 0 else f"FAIL rc={rc}", detail, time.time() - t0))
         print(detail, flush=True)
+
+    for item in args.ncu:
+        shape, _, dtype = item.partition(":")
+        cmd = ["ncu", "--clock-control", "none", "--launch-skip", "1", "--launch-count", "1", "-k", "regex:flashgen"]
+        for section in NCU_SECTIONS:
+            cmd += ["--section", section]
+        cmd += [sys.executable, "scripts/profile_one.py", "--shape", shape, "--dtype", dtype or "bf16"]
+        rc, text, secs = run(cmd, out / f"ncu-{shape.replace(',', 'x')}-{dtype or 'bf16'}.log", timeout=180)
+        busy = [line.split()[-1] for line in text.splitlines() if line.strip().startswith("Compute (SM) Throughput")]
+        summary.append((f"ncu {shape}", "OK" if rc == 0 and busy else f"FAIL rc={rc}",
+                        f"compute (SM) throughput {busy[0] if busy else '?'}%", secs))
 
     if not args.skip_bench:
         for matrix in filter(None, args.matrices.split(",")):
