@@ -318,8 +318,8 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
         if (t > 0) load_v(t - 1);
       };
       // Loads in the order their buffers free up: the first kStages - 1 blocks' slots as the previous tile's
-      // PVs finish, Q after its last QK, the slot that staged its O after its store. Every later block waits
-      // for this tile's consumers, who need Q first: Q must go before them.
+      // QKs (K) and PVs (V) finish, Q after its last QK, the K slot that staged its O after its store. Every
+      // later block waits for this tile's consumers, who need Q first: Q must go before them.
       const int early = min(n_kv, cfg::kStages - 1);
       for (int t = 0; t < early; ++t) load_kv(t);
       if (done > 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
