@@ -51,6 +51,8 @@ def default_block_n(spec: KernelSpec) -> int:
     if spec.head_dim == 128 and dense and spec.keys >= WIDE_BLOCK_MIN_KEYS:
         return WIDE_BLOCK_N
     return DEFAULT_BLOCK_N[spec.head_dim]
+
+
 # The PV split: each chunk of PV(j-1) is its own wgmma group. Since the softmax of block j runs under all of
 # PV(j-1) (v2), the splits measure within run-to-run noise of each other; (96, 32) stays the default.
 # Other block_n (80, 96, 112; not measured) end on a 32-key chunk the same way.

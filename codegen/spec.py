@@ -77,8 +77,8 @@ class KernelSpec:
                      f"block_n {self.block_n} with head_dim {self.head_dim} needs {regs} accumulator registers per "
                      f"consumer thread (S {self.block_n // 2} + P {self.block_n // 4} + O {self.head_dim // 2}), over "
                      f"the {MAX_ACCUMULATOR_REGISTERS} that fit without spilling; use a smaller block_n")
-        # One stage would deadlock: the consumers release a slot only after PV of its block, which they issue after
-        # waiting for the next block in that same slot.
+        # One stage is not offered: every load would wait for the MMA that frees its only slot, so nothing would
+        # load under compute (and the kernel's ring logic is only tested from 2 up).
         _require(self.stages in (0, 2, 3, 4), f"stages must be 2..4 (0 for the default), got {self.stages}")
         _require(isinstance(self.seq_len_k, int) and 0 <= self.seq_len_k < 2**31,
                  f"seq_len_k must be a non-negative integer below 2**31 (0: same as seq_len), got {self.seq_len_k!r}")
