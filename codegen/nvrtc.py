@@ -5,7 +5,8 @@
 
 Always passes ``-Xptxas=-v`` and parses its report (registers, spills, stack, static shared memory,
 barriers) per kernel.  Spills raise ``SpillError`` unless ``allow_spills=True``; ptxas's C7508
-"'setmaxnreg' ignored" raises ``SetmaxnregIgnoredError`` unless ``allow_setmaxnreg_ignored=True``;
+"'setmaxnreg' ignored" raises ``SetmaxnregIgnoredError`` unless ``allow_setmaxnreg_ignored=True``; a
+serialized wgmma pipeline (C7514-C7518) raises ``WgmmaSerializedError`` unless ``allow_wgmma_serialized=True``;
 compile errors raise ``NvrtcError`` with the whole program log.  The policy checks run on cached
 results too (the cache stores what the compiler produced, not the verdict).
 """
@@ -25,6 +26,7 @@ __all__ = [
     "NvrtcError",
     "SpillError",
     "SetmaxnregIgnoredError",
+    "WgmmaSerializedError",
     "KernelInfo",
     "CompileResult",
     "compile_cuda",
@@ -56,6 +58,12 @@ class SpillError(CompileError):
 
 class SetmaxnregIgnoredError(CompileError):
     """ptxas ignored setmaxnreg (C7508), so the register split the kernel relies on is not in effect."""
+
+
+class WgmmaSerializedError(CompileError):
+    """ptxas serialized the kernel's wgmma pipeline (C7514-C7518: it waits after every wgmma, or injected a wait
+    of its own), because some code touches a wgmma's registers where ptxas cannot prove the wgmma finished. The
+    kernel would still be correct, at a fraction of its speed."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,7 @@ _BARRIERS_RE = re.compile(r"used (\d+) barriers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
 _WARNING_RE = re.compile(r"(\bwarning\b|\(C\d{4}\)|Potential Performance Loss)", re.I)
 _SETMAXNREG_RE = re.compile(r"setmaxnreg'?\s+ignored", re.I)
+_WGMMA_SERIALIZED_RE = re.compile(r"wgmma\.mma_async instructions are serialized|warpgroup\.wait is injected", re.I)
 
 
 def parse_ptxas_log(log: str) -> tuple[dict[str, KernelInfo], dict[str, KernelInfo]]:
@@ -312,7 +321,8 @@ def _ptxas_report(ptx: str, arch: str, options: list[str]) -> str | None:
     return (proc.stdout + proc.stderr).strip()
 
 
-def _enforce(result: CompileResult, *, allow_spills: bool, allow_setmaxnreg_ignored: bool) -> None:
+def _enforce(result: CompileResult, *, allow_spills: bool, allow_setmaxnreg_ignored: bool,
+             allow_wgmma_serialized: bool) -> None:
     if not allow_spills:
         bad = [k for k in list(result.kernels.values()) + list(result.functions.values()) if k.spills]
         if bad:
@@ -323,6 +333,16 @@ def _enforce(result: CompileResult, *, allow_spills: bool, allow_setmaxnreg_igno
             )
             raise SpillError(
                 f"register spills in {result.name} for {result.arch}: {detail}\n--- ptxas report ---\n{result.log}",
+                log=result.log,
+                name=result.name,
+                result=result,
+            )
+    if not allow_wgmma_serialized:
+        bad_lines = [w for w in result.warnings if _WGMMA_SERIALIZED_RE.search(w)]
+        if bad_lines:
+            raise WgmmaSerializedError(
+                f"ptxas serialized the wgmma pipeline in {result.name} for {result.arch}: " + " | ".join(bad_lines)
+                + f"\n--- ptxas report ---\n{result.log}",
                 log=result.log,
                 name=result.name,
                 result=result,
@@ -349,6 +369,7 @@ def compile_cuda(
     extra_options: Iterable[str] = (),
     allow_spills: bool = False,
     allow_setmaxnreg_ignored: bool = False,
+    allow_wgmma_serialized: bool = False,
     lineinfo: bool = False,
     use_cache: bool = True,
     cache: DiskCache | None = None,
@@ -361,6 +382,7 @@ def compile_cuda(
 
     Raises NvrtcError (with the full program log) when compilation fails, SpillError when a function
     spills and ``allow_spills`` is False, SetmaxnregIgnoredError on ptxas C7508 unless allowed,
+    WgmmaSerializedError when ptxas serialized wgmma (C7514-C7518) unless ``allow_wgmma_serialized``,
     ValueError for an arch NVRTC cannot target, ToolchainMissingError when NVRTC or headers are missing.
     """
     t0 = time.perf_counter()
@@ -421,5 +443,6 @@ def compile_cuda(
         nvrtc_version=nv,
         functions=functions,
     )
-    _enforce(result, allow_spills=allow_spills, allow_setmaxnreg_ignored=allow_setmaxnreg_ignored)
+    _enforce(result, allow_spills=allow_spills, allow_setmaxnreg_ignored=allow_setmaxnreg_ignored,
+             allow_wgmma_serialized=allow_wgmma_serialized)
     return result

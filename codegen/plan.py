@@ -63,8 +63,10 @@ def default_pv_split(block_n: int) -> tuple[int, ...]:
     return DEFAULT_PV_SPLIT.get(block_n, (block_n - 32, 32))
 
 THREADS_PER_WARPGROUP = 128
-PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
-CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 24 = 64512 <= 65536 registers per SM
+# The producer only issues TMA. 24 registers spilled in the persistent varlen producer at D=64 once the
+# consumers deferred their O store (v12); 32 do not, and use up the SM's registers exactly.
+PRODUCER_REGS = 32
+CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 32 = 65536, every register of the SM
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 # The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
 SMEM_ALIGN_SLACK = 1024
@@ -287,6 +289,7 @@ class Plan:
             "tail_mask": s.varlen or s.keys % s.block_n != 0,
             "varlen": s.varlen and not probe,
             "persistent": s.persistent and not probe,
+            "tile_overlap": s.persistent and s.tile_overlap and not probe,
             "o_vector_elems": self.o_vector_elems if s.varlen else 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,

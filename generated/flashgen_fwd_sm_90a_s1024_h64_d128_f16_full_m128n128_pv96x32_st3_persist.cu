@@ -90,6 +90,11 @@ static __device__ __forceinline__ void tma_store_5d(const TmaDesc* map, u32 src,
       :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
+// Pulls a tile toward L2 without waiting for it (PTX ISA: "cp.async.bulk.prefetch.tensor").
+static __device__ __forceinline__ void tma_prefetch_5d(const TmaDesc* map, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, { %1, %2, %3, %4, %5}];"
+               :: "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
 static __device__ __forceinline__ void tma_store_drain() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
@@ -231,6 +236,10 @@ static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
 
 
 
+
+
+
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
               const __grid_constant__ TmaDesc tmap_v, const __grid_constant__ TmaDesc tmap_o,
@@ -261,7 +270,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   __syncthreads();
 
   if (warpgroup == 0) {
-    regs_dec<24>();
+    regs_dec<32>();
     if (tid == 0) {
     
   const int total = tiles_m * cfg::kHeads * batches;
@@ -274,7 +283,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     const int m_block = m_idx;
     [[maybe_unused]] const int head_kv = head / cfg::kGroup;
     [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
-    constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
     st_shared_s32(bars + cfg::kTileSlotOffset + 4 * (done & 1), idx);  // published by the Q barrier
     if (!more) {
@@ -324,8 +333,28 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
       for (int t = 0; t < early; ++t) load_kv(t);
       if (done > 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
       load_q();
-      for (int t = early; t < n_kv; ++t) load_kv(t);
-      if (n_kv > 0) load_v(n_kv - 1);
+      // K(early)'s slot staged the previous tile's O and frees only after that store; V(early - 1)'s frees at
+      // the previous tile's last PVs, so it goes first.
+      if (early > 0) load_v(early - 1);
+      for (int t = early; t < n_kv; ++t) {
+        load_k(t);
+        if (t > early) load_v(t - 1);
+      }
+      
+      if (gridDim.x + fetched < total) {
+        const int tile = gridDim.x + fetched;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
+    const int m_block = m_idx;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+        for (int c = 0; c < 2; ++c) {
+          const int row0 = q_start + m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer;
+          tma_prefetch_5d(&tmap_q, 0, row0, 0, head, tma_batch);
+        }
+      }
+      if (n_kv > early) load_v(n_kv - 1);
     
     ring += n_kv;
     ++done;
@@ -347,6 +376,13 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   // exits with that one arrival pending, which is harmless. (Both consumers take the same number of turns
   // per tile, so across a persistent CTA's tiles the turns keep alternating.)
   if (consumer == 1) named_barrier_arrive(kTurnBarrier, 256);
+  float o[64];
+  float row_max[2], row_sum[2];  // row_sum: this thread's partial sums, reduced over the quad when O is stored
+  u32 o_out[32];  // a finished tile's O, normalized and packed
+  float lse_row[2];
+  // A finished tile whose O is not stored yet: it is stored at the start of the next tile, under that tile's
+  // first QK (or after the loop). -1: none.
+  int out_tile = -1, out_slot = 0;
 
   const int total = tiles_m * cfg::kHeads * batches;
   for (;;) {
@@ -358,7 +394,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     const int m_block = m_idx;
     [[maybe_unused]] const int head_kv = head / cfg::kGroup;
     [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
-    constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
     int kv_first, n_kv;
     kv_range(m_block, len, kv_first, n_kv);
@@ -367,23 +403,67 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     asm volatile("" : "+r"(n_kv));
   const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
 
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float row_max[2] = {-FLASHGEN_INF, -FLASHGEN_INF};
-  float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; reduced over the quad at the end
-
   float sc[64];  // S of the current key block, then its exponentials
   u32 p[32];    // P of the previous key block, packed to f16 pairs: the A operand of PV
 
   float alpha[2];
-  int o_slot = -1;  // the K slot of the tile's last block, where O is staged; -1: the Q tile (no keys)
   if (n_kv > 0) {
   // The first key block: S, softmax, P. No O to rescale yet.
   named_barrier_sync(kTurnBarrier + consumer, 256);
   mbar_wait(bars + 8 * (kBarKFull + ((ring + 0) % cfg::kStages)), (((ring + 0) / cfg::kStages) & 1));
   issue_qk(sc, q_tile, smem + cfg::kKOffset + ((ring + 0) % cfg::kStages) * cfg::kKBytes);
   named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
+  // The previous tile's epilogue, while this QK runs.
+  if (out_tile >= 0) {
+    const int tile = out_tile;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
+    const int m_block = m_idx;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
+    const int o_slot = out_slot;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  row_max[0] = row_max[1] = -FLASHGEN_INF;
+  row_sum[0] = row_sum[1] = 0.f;
   wgmma_wait<0>();
   __syncwarp();
     if (lane == 0) mbar_arrive(bars + 8 * (n_kv == 1 ? kBarQEmpty : kBarKEmpty + ((ring + 0) % cfg::kStages)));
@@ -486,83 +566,201 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   }
 
   // The last block's PV.
-  {
-    const int s_last = ((ring + n_kv - 1) % cfg::kStages);
-    named_barrier_sync(kTurnBarrier + consumer, 256);
-    mbar_wait(bars + 8 * (kBarVFull + s_last), (((ring + n_kv - 1) / cfg::kStages) & 1));
-    
+  named_barrier_sync(kTurnBarrier + consumer, 256);
+  mbar_wait(bars + 8 * (kBarVFull + ((ring + n_kv - 1) % cfg::kStages)), (((ring + n_kv - 1) / cfg::kStages) & 1));
+  
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 6; ++kk)
-      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_last * cfg::kVBytes) >> 4), 1);
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + ((ring + n_kv - 1) % cfg::kStages) * cfg::kVBytes) >> 4), 1);
     wgmma_commit();
     wgmma_fence();
 #pragma unroll
     for (int kk = 6; kk < 8; ++kk)
-      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + s_last * cfg::kVBytes) >> 4), 1);
+      wgmma_pv(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], cfg::kVDesc[kk] + ((smem + cfg::kVOffset + ((ring + n_kv - 1) % cfg::kStages) * cfg::kVBytes) >> 4), 1);
     wgmma_commit();
-    named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
-    wgmma_wait<0>();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars + 8 * (kBarVEmpty + s_last));
-    o_slot = s_last;  // its K slot stages O, released after the store has read it
-  }
-  }  // n_kv > 0
-
-
-
-  float inv_sum[2];
-#pragma unroll
+  named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
+  wgmma_wait<0>();
+  __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 8 * (kBarVEmpty + ((ring + n_kv - 1) % cfg::kStages)));
+  #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    inv_sum[h] = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
-  }
-
-  // Recomputed rather than kept live across the main loop, where D=256 needs every register.
-  const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
-  // Stage O in this consumer's half of the last K slot (the plan checks two O tiles fit a slot), once both
-  // consumers' last QKs have read it: the Q-empty phase of this tile says so. A tile without keys stages O in
-  // its Q tile (loaded but unread, and released below). Not the V slot: the other consumer's last PV may
-  // still be reading it.
-  if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, done & 1);
-  const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
-                     consumer * cfg::kQBytes;
+    const float inv_sum = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
 #pragma unroll
-  for (int i = 0; i < 64; i += 2) {
-    const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
-    const u32 packed = pack2(o[i] * inv_sum[row_half(i)], o[i + 1] * inv_sum[row_half(i)]);
-    asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(packed) : "memory");
+    for (int i = 0; i < 64; i += 2)
+      if (row_half(i) == h) o_out[i / 2] = pack2(o[i] * inv_sum, o[i + 1] * inv_sum);
+    lse_row[h] = row_sum[h] > 0.f ? (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f
+                                  : -FLASHGEN_INF;
   }
-  fence_proxy_async();
-  named_barrier_sync(kEpilogueBarrier + consumer, 128);
-  if (tid == 0) {
-    const int row0 = q_row0;
-    tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
-  }
-
-  // logsumexp (natural log) of each real row: m * scale + ln(sum).
-  if ((lane & 3) == 0) {
-    const float ln2 = 0.6931471805599453f;
-    const int rows[2] = {row_lo, row_hi};
+  // O is stored at the start of the next tile (or after the loop), under that tile's first QK. No wgmma is
+  // left in flight across the loop's back edge: ptxas cannot match wait groups there, and would serialize
+  // every wgmma in the kernel.
+  out_tile = idx;
+  out_slot = ((ring + n_kv - 1) % cfg::kStages);  // its K slot stages O, released after the store has read it
+  } else {  // no keys: the rows output 0 and logsumexp -inf
+    if (out_tile >= 0) {
+      {
+    const int tile = out_tile;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
+    const int m_block = m_idx;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
+    const int o_slot = out_slot;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int q = q_row0 + rows[h];
-      if (q < cfg::kSeqLen)
-        lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
-            row_sum[h] > 0.f ? (row_max[h] * scale_log2 + __log2f(row_sum[h])) * ln2 : -FLASHGEN_INF;
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
     }
   }
-  // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
-  // or its Q when there were no keys, lands there.
-  if (tid == 0) {
-    tma_store_drain();
-    mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+      out_tile = -1;
+    }
+    #pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  row_max[0] = row_max[1] = -FLASHGEN_INF;
+  row_sum[0] = row_sum[1] = 0.f;
+    #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    const float inv_sum = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2)
+      if (row_half(i) == h) o_out[i / 2] = pack2(o[i] * inv_sum, o[i + 1] * inv_sum);
+    lse_row[h] = row_sum[h] > 0.f ? (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f
+                                  : -FLASHGEN_INF;
+  }
+  }
+  if (n_kv == 0) {
+    const int tile = idx;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
+    const int m_block = m_idx;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
+    const int o_slot = -1;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, 0);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+    }
   }
 
 
     ring += n_kv;
     ++done;
+  }
+  if (out_tile >= 0) {
+    const int tile = out_tile;
+    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
+    const int m_block = m_idx;
+    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
+    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
+    const int o_slot = out_slot;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+    }
   }
   if (tid == 0) tma_store_drain();
 }

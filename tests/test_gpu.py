@@ -315,6 +315,17 @@ def test_persistent(seq, causal, head_dim):
     run_coverage(3, seq, seq, 16, 16, head_dim, causal=causal, tuning=PERSISTENT)
 
 
+@pytest.mark.parametrize("tile_overlap", (True, False))
+@pytest.mark.parametrize("seq_q, seq_k, causal", [(1000, 300, True), (4096, 4096, False)])
+def test_persistent_tile_boundaries(tile_overlap, seq_q, seq_k, causal):
+    # Each tile's O is stored under the next tile's first QK (tile_overlap, the default) or before it (the
+    # boundary kept to A/B against). Bottom-right causal with 1000 queries over 300 keys puts tiles without keys
+    # (their O stored at once) between tiles with keys (stored late).
+    empty = run_coverage(3, seq_q, seq_k, 16, 16, 128, causal=causal,
+                         tuning=dict(persistent=True, tile_overlap=tile_overlap))
+    assert empty.any() == causal
+
+
 def test_persistent_grid_is_one_cta_per_sm():
     q = torch.randn(2, 1000, 16, 128, device="cuda", dtype=torch.float16)
     call = prepare(q, q, q, persistent=True)

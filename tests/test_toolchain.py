@@ -15,6 +15,7 @@ from codegen.nvrtc import (
     CompileResult,
     NvrtcError,
     SetmaxnregIgnoredError,
+    WgmmaSerializedError,
     SpillError,
     compile_cuda,
     parse_ptxas_log,
@@ -237,6 +238,33 @@ def test_setmaxnreg_ignored_raises_unless_allowed(cache):
     assert any("C7508" in w for w in res.warnings)
     good = compile_cuda(SETMAXNREG_SRC % "__launch_bounds__(384, 1)", arch="sm_90a", cache=cache)
     assert not any("setmaxnreg" in w for w in good.warnings)
+
+
+# One wgmma; EARLY is code between its commit and its wait.
+WGMMA_SRC = r"""
+extern "C" __global__ void __launch_bounds__(128, 1) mma(float* out, unsigned long long da, unsigned long long db) {
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  EARLY
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+}
+"""
+
+
+def test_serialized_wgmma_raises_unless_allowed(cache):
+    """Reading an accumulator before its wgmma's wait makes ptxas inject a wait of its own: correct, but the
+    pipeline the kernel was written for is gone, so the build refuses it."""
+    early = WGMMA_SRC.replace("EARLY", "out[threadIdx.x + 128] = d[0];")
+    with pytest.raises(WgmmaSerializedError, match="warpgroup.wait is injected"):
+        compile_cuda(early, arch="sm_90a", cache=cache)
+    res = compile_cuda(early, arch="sm_90a", allow_wgmma_serialized=True, cache=cache)
+    assert any("C7517" in w for w in res.warnings)
+    good = compile_cuda(WGMMA_SRC.replace("EARLY", ""), arch="sm_90a", cache=cache)
+    assert not any("wgmma" in w or "warpgroup" in w for w in good.warnings)
 
 
 def test_empty_nvrtc_log_falls_back_to_ptxas_report(cache, monkeypatch):
