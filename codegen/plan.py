@@ -63,10 +63,14 @@ def default_pv_split(block_n: int) -> tuple[int, ...]:
     return DEFAULT_PV_SPLIT.get(block_n, (block_n - 32, 32))
 
 THREADS_PER_WARPGROUP = 128
-# The producer only issues TMA. 24 registers spilled in the persistent varlen producer at D=64 once the
-# consumers deferred their O store (v12); 32 do not, and use up the SM's registers exactly.
-PRODUCER_REGS = 32
-CONSUMER_REGS = 240  # 2 x 128 x 240 + 128 x 32 = 65536, every register of the SM
+PRODUCER_REGS = 24   # setmaxnreg floor: the producer only issues TMA
+CONSUMER_REGS = 240
+# setmaxnreg moves registers within what the CTA got at launch: __launch_bounds__(384, 1) gives each thread
+# 65536 / 384 rounded down to 8, 168. A consumer's setmaxnreg.inc waits until the producer's .dec has freed
+# enough, forever if the split asks for more than the launch gave (v12 tried a 32-register producer: every
+# kernel hung on the GPU).
+LAUNCH_REGS = 65536 // (3 * 128) // 8 * 8
+assert PRODUCER_REGS + 2 * CONSUMER_REGS <= 3 * LAUNCH_REGS, "the register split exceeds the launch allocation"
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 # The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
 SMEM_ALIGN_SLACK = 1024
@@ -246,6 +250,12 @@ class Plan:
         return (tiles_m, self.spec.heads, batch)
 
     @property
+    def tile_overlap(self) -> bool:
+        """Whether a persistent kernel stores each tile's O under the next tile's first QK (KernelSpec.tile_overlap)."""
+        s = self.spec
+        return bool(s.persistent and s.tile_overlap and not s.varlen and self.window_bounds == (-1, -1))
+
+    @property
     def o_vector_elems(self) -> int:
         """Elements of O a thread copies at once when it stores a partial varlen tile without TMA: the widest
         run the O staging layout keeps contiguous along the head dim, up to a 16-byte access."""
@@ -289,7 +299,9 @@ class Plan:
             "tail_mask": s.varlen or s.keys % s.block_n != 0,
             "varlen": s.varlen and not probe,
             "persistent": s.persistent and not probe,
-            "tile_overlap": s.persistent and s.tile_overlap and not probe,
+            # Only where every tile is alike (fixed lengths, no causal or local window): elsewhere the producer's
+            # extra tile state (cu_seqlens, window bounds) spills its 24 registers.
+            "tile_overlap": self.tile_overlap and not probe,
             "o_vector_elems": self.o_vector_elems if s.varlen else 0,
             "threads": self.threads,
             "consumer_warps": 2 * THREADS_PER_WARPGROUP // 32,

@@ -54,8 +54,9 @@ class KernelSpec:
     # One CTA per SM looping over query tiles, so a tile's epilogue overlaps the next tile's loads.
     # None: codegen.plan decides (measured: on where every tile does the same work).
     persistent: bool | None = None
-    # Persistent kernels only: a tile's O is stored under the next tile's first QK, and the next tile's Q is
-    # prefetched to L2 during this one. Off: the tile boundary of v7-v11 (kept to A/B against).
+    # Persistent kernels whose tiles are alike (fixed lengths, no causal or local window): a tile's O is
+    # stored under the next tile's first QK, and the next tile's Q is prefetched to L2 during this one. Off: the
+    # tile boundary of v7-v11 (kept to A/B against).
     tile_overlap: bool = True
 
     def __post_init__(self) -> None:

@@ -270,7 +270,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   __syncthreads();
 
   if (warpgroup == 0) {
-    regs_dec<32>();
+    regs_dec<24>();
     if (tid == 0) {
     
   const int total = tiles_m * cfg::kHeads * batches;
@@ -381,8 +381,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   u32 o_out[32];  // a finished tile's O, normalized and packed
   float lse_row[2];
   // A finished tile whose O is not stored yet: it is stored at the start of the next tile, under that tile's
-  // first QK (or after the loop). -1: none.
-  int out_tile = -1, out_slot = 0;
+  // first QK (or after the loop). Kept as its coordinates, not its index: decoding the index again (a division
+  // by tiles_m) made ptxas spill the producer's 24 registers. out_m -1: none.
+  int out_m = -1, out_head = 0, out_batch = 0, out_slot = 0;
 
   const int total = tiles_m * cfg::kHeads * batches;
   for (;;) {
@@ -414,12 +415,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   issue_qk(sc, q_tile, smem + cfg::kKOffset + ((ring + 0) % cfg::kStages) * cfg::kKBytes);
   named_barrier_arrive(kTurnBarrier + 1 - consumer, 256);
   // The previous tile's epilogue, while this QK runs.
-  if (out_tile >= 0) {
-    const int tile = out_tile;
-    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
-    const int m_block = m_idx;
-    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
-    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+  if (out_m >= 0) {
+    // The pending tile (tile_overlap: fixed lengths only), not the one in scope.
+    const int m_block = out_m, head = out_head, batch = out_batch;
+    [[maybe_unused]] constexpr int q_start = 0;
     [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
     const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
@@ -597,16 +596,14 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   // O is stored at the start of the next tile (or after the loop), under that tile's first QK. No wgmma is
   // left in flight across the loop's back edge: ptxas cannot match wait groups there, and would serialize
   // every wgmma in the kernel.
-  out_tile = idx;
+  out_m = m_block, out_head = head, out_batch = batch;
   out_slot = ((ring + n_kv - 1) % cfg::kStages);  // its K slot stages O, released after the store has read it
   } else {  // no keys: the rows output 0 and logsumexp -inf
-    if (out_tile >= 0) {
+    if (out_m >= 0) {
       {
-    const int tile = out_tile;
-    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
-    const int m_block = m_idx;
-    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
-    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+    // The pending tile (tile_overlap: fixed lengths only), not the one in scope.
+    const int m_block = out_m, head = out_head, batch = out_batch;
+    [[maybe_unused]] constexpr int q_start = 0;
     [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
     const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
@@ -647,7 +644,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
       mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
     }
   }
-      out_tile = -1;
+      out_m = -1;
     }
     #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -666,14 +663,6 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
   }
   }
   if (n_kv == 0) {
-    const int tile = idx;
-    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
-    const int m_block = m_idx;
-    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
-    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
-    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
-    [[maybe_unused]] const int tma_batch = batch;
-    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
     const int o_slot = -1;
     // Recomputed rather than kept live across the main loop, where D=256 needs every register.
     const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -716,12 +705,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist(const _
     ring += n_kv;
     ++done;
   }
-  if (out_tile >= 0) {
-    const int tile = out_tile;
-    const int m_idx = tile % tiles_m, head = (tile / tiles_m) % cfg::kHeads, batch = tile / tiles_m / cfg::kHeads;
-    const int m_block = m_idx;
-    [[maybe_unused]] const int head_kv = head / cfg::kGroup;
-    [[maybe_unused]] constexpr int q_start = 0, k_start = 0;
+  if (out_m >= 0) {
+    // The pending tile (tile_overlap: fixed lengths only), not the one in scope.
+    const int m_block = out_m, head = out_head, batch = out_batch;
+    [[maybe_unused]] constexpr int q_start = 0;
     [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
     [[maybe_unused]] const int tma_batch = batch;
     const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
