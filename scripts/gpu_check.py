@@ -27,6 +27,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
+# The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
+# for each reason, per issued instruction).
+NCU_STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16"),
                 ("1024,16,96", "f16"), ("1024,16,192", "bf16")]
 
@@ -112,6 +115,7 @@ def main() -> int:
         cmd = ["ncu", "--clock-control", "none", "--launch-skip", "1", "--launch-count", "1", "-k", "regex:flashgen"]
         for section in NCU_SECTIONS:
             cmd += ["--section", section]
+        cmd += ["--metrics", NCU_STALL_METRICS]
         cmd += [sys.executable, "scripts/profile_one.py", "--shape", shape, "--dtype", dtype or "bf16"]
         rc, text, secs = run(cmd, out / f"ncu-{shape.replace(',', 'x')}-{dtype or 'bf16'}.log", timeout=180)
         busy = [line.split()[-1] for line in text.splitlines() if line.strip().startswith("Compute (SM) Throughput")]
