@@ -100,9 +100,9 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
             max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages, pingpong, persistent and tile_overlap are the tuning knobs of KernelSpec; the defaults are the
-    measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are copied to the host
-    once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
+    pv_split, block_n, stages, pingpong, persistent and tile_overlap are the tuning knobs of KernelSpec; the
+    defaults are the measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are
+    copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     import torch
 

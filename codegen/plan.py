@@ -69,8 +69,10 @@ CONSUMER_REGS = 240
 # 65536 / 384 rounded down to 8, 168. A consumer's setmaxnreg.inc waits until the producer's .dec has freed
 # enough, forever if the split asks for more than the launch gave (v12 tried a 32-register producer: every
 # kernel hung on the GPU).
-LAUNCH_REGS = 65536 // (3 * 128) // 8 * 8
-assert PRODUCER_REGS + 2 * CONSUMER_REGS <= 3 * LAUNCH_REGS, "the register split exceeds the launch allocation"
+LAUNCH_REGS = 65536 // (3 * THREADS_PER_WARPGROUP) // 8 * 8
+if PRODUCER_REGS + 2 * CONSUMER_REGS > 3 * LAUNCH_REGS:
+    raise RuntimeError(f"setmaxnreg split {PRODUCER_REGS} + 2 x {CONSUMER_REGS} exceeds the {3 * LAUNCH_REGS} registers "
+                       "a thread of each warpgroup gets at launch: the consumers would wait forever")
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 # The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
 SMEM_ALIGN_SLACK = 1024

@@ -370,3 +370,15 @@ def test_persistent_grid_is_bounded_by_the_sms_and_the_tile_counter():
     with pytest.raises(SpecError, match="overflow the persistent kernel's 32-bit tile counter"):
         plan.grid(2**31 // (8 * 16) + 1, sms=132)
     assert make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=128, persistent=False)).grid(3) == (8, 16, 3)
+
+
+def test_register_split_fits_what_the_launch_gives():
+    """setmaxnreg only moves registers within the CTA's launch allocation (168 a thread at 384 threads); a split
+    asking for more makes the consumers' setmaxnreg.inc wait forever (a 32-register producer hung every kernel)."""
+    from codegen import plan as plan_module
+
+    assert plan_module.LAUNCH_REGS == 168
+    assert plan_module.PRODUCER_REGS + 2 * plan_module.CONSUMER_REGS <= 3 * plan_module.LAUNCH_REGS
+    source = render(make_plan(resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128)))).source
+    assert "__launch_bounds__(384, 1)" in source
+    assert f"regs_dec<{plan_module.PRODUCER_REGS}>" in source and f"regs_inc<{plan_module.CONSUMER_REGS}>" in source
