@@ -26,7 +26,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
-NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats", "SourceCounters")
+NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
 # for each reason, per issued instruction).
 NCU_STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
