@@ -42,8 +42,13 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 #     -> 1.095x, (1,16384,16,128) 1.022x/1.022x -> 1.038x, and (1,1024,64,128) 1.000x/1.003x -> 1.002x; block_n
 #     192 loses at S=1024 (0.945x: 1024 keys end in a part block). Short keys (8 x 512: 0.862x vs 0.966x before
 #     v10), causal and varlen are not measured with it and keep 128.
+#   From 1024 keys since v13, once a part last block runs only over its keys (Plan.tail_n; 1024 = 5 x 176 + 144).
+#     Same run, twice, flashgen ms (bench/results/ab-20261130T1133Z-block_n-1024.json): (1,1024,64,128) f16
+#     0.0606-0.0611 -> 0.0599-0.0604, (2,1536,32,128) 0.1243-0.1252 -> 0.1201-0.1205; (16,1024,32,128) swung
+#     0.42-0.47 ms in both. At 512 keys 176 lost (8 x 512: 0.978x vs 1.017x cuDNN,
+#     ab-20261130T1125Z-block_n-short-keys.json).
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
-WIDE_BLOCK_N, WIDE_BLOCK_MIN_KEYS = 176, 2048
+WIDE_BLOCK_N, WIDE_BLOCK_MIN_KEYS = 176, 1024
 
 
 def default_block_n(spec: KernelSpec) -> int:
@@ -87,6 +92,8 @@ PERSISTENT_MAX_STAGES = 3
 # v4), so D=64 rescales unconditionally: (16,1024,32,64) 0.840x -> 0.900x (v6). D=96 (48 multiplies) falls
 # with D=64 and D=192 (96) with D=128; those two are not measured.
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
+QK_OVERWRITES_MIN_HEAD_DIM = 128  # Plan.qk_overwrites
+SHORT_TAIL_MAX_BLOCK_N = 192  # Plan.tail_n
 # Persistent CTAs (one per SM, looping over tiles; bench/LOG.md v7) where every tile does the same work: the
 # next tile's loads hide under this one's epilogue. Non-causal, same run: seed 0.941x -> 1.019x cuDNN,
 # (8,512,32,128) 0.870x -> 1.004x, (16,1024,32,64) 0.927x -> 0.978x, long sequences +1%. Causal tiles differ in
@@ -200,6 +207,11 @@ class Plan:
             first += size // MMA_K
         return tuple(chunks)
 
+    def chunks_within(self, slices: int) -> tuple[PvChunk, ...]:
+        """The PV split cut to its first `slices` 16-key slices (a short tail block's PV)."""
+        cut = (PvChunk(c.first, min(c.count, slices - c.first)) for c in self.pv_chunks if c.first < slices)
+        return tuple(cut)
+
     @property
     def smem_align(self) -> int:
         align = max(op.smem_align for op in (self.q, self.k, self.v, self.o))
@@ -259,6 +271,42 @@ class Plan:
         s = self.spec
         return bool(s.persistent and s.tile_overlap and not s.varlen and self.window_bounds == (-1, -1))
 
+    # Short tail blocks, measured against short_tail=False in the same runs (bench/LOG.md v13, four runs):
+    # (4,4096,32,128) (23 x 176 + 48 keys) 1.769 -> 1.734 ms on average, (1,16384,16,128) 3.419 -> 3.377 ms.
+    # Up to block_n 192: at 208 the peeled last step spills at D=64 and D=96 (tests/test_codegen.py compiles
+    # every head dim and block_n).
+    @property
+    def tail_n(self) -> int:
+        """The N of the last key block's QK^T where the keys end in a part block (KernelSpec.short_tail): its keys
+        rounded up to a 16-key MMA slice. 0 where every block is whole, where lengths vary at run time, under a
+        window (the last block a tile visits is then not the keys' end), or with a single key block."""
+        s = self.spec
+        part = s.keys % s.block_n
+        if (not s.short_tail or s.varlen or self.window_bounds != (-1, -1) or part == 0 or s.keys < s.block_n
+                or s.block_n > SHORT_TAIL_MAX_BLOCK_N):
+            return 0
+        return _align(part, MMA_K)
+
+    @property
+    def qk_overwrites(self) -> bool:
+        """Whether QK^T's first k-slice writes S without reading it (the others accumulate).
+
+        Needed with a short tail block: its QK leaves S's last registers unwritten, and read-modify-write kept
+        them live into the next tile's first QK, so ptxas serialized the wgmma pipeline for want of registers
+        (C7511). Measured without a tail (bench/LOG.md v13, four runs against v12's kernels in the same call):
+        the seed shape 0.0620-0.0627 -> 0.0612-0.0620 ms, (1,16384,16,128) 3.54 -> 3.42 ms and (4,4096,32,128)
+        1.82 -> 1.77 ms on average, but (16,1024,32,64) 0.301 -> 0.308 ms; so from D=128 up, and wherever a
+        short tail needs it.
+        """
+        return self.spec.head_dim >= QK_OVERWRITES_MIN_HEAD_DIM or self.tail_n > 0
+
+    @property
+    def tail_mask(self) -> bool:
+        """Whether some key block holds keys past the end that its QK reads: a varlen sequence's last block may
+        always be partial; a short tail block (tail_n) reads up to the next 16-key slice only."""
+        s = self.spec
+        return s.varlen or s.keys % (MMA_K if self.tail_n else s.block_n) != 0
+
     @property
     def o_vector_elems(self) -> int:
         """Elements of O a thread copies at once when it stores a partial varlen tile without TMA: the widest
@@ -273,7 +321,8 @@ class Plan:
     def template_context(self, *, probe: bool = False) -> dict:
         s = self.spec
         acc = fragments.wgmma_accumulator_c()
-        _check_fragments(s.block_n, s.head_dim)
+        tail_n = 0 if probe else self.tail_n
+        _check_fragments(s.block_n, s.head_dim, tail_n)
         return {
             "summary": f"{s.name}: S={s.seq_len} H={s.heads} D={s.head_dim} {s.dtype} "
                        f"{'causal' if s.causal else 'non-causal'}, block {s.block_m}x{s.block_n}, "
@@ -299,8 +348,11 @@ class Plan:
             # Later query tiles see more keys only when a right bound (causal) moves with the query.
             "long_tiles_last": self.window_bounds[1] >= 0 and not probe,
             "elem_bytes": s.elem_bytes,
-            # A varlen sequence's length is known only at run time, so its last key block may always be partial.
-            "tail_mask": s.varlen or s.keys % s.block_n != 0,
+            "tail_mask": False if probe else self.tail_mask,
+            "tail_n": tail_n,
+            # The probe runs one whole block: no tail, the head dim's own QK form.
+            "qk_overwrites": s.head_dim >= QK_OVERWRITES_MIN_HEAD_DIM if probe else self.qk_overwrites,
+            "tail_chunks": self.chunks_within(tail_n // MMA_K) if tail_n else (),
             "varlen": s.varlen and not probe,
             "persistent": s.persistent and not probe,
             # Only where every tile is alike (fixed lengths, no causal or local window): elsewhere the producer's
@@ -341,12 +393,15 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _check_fragments(block_n: int, head_dim: int) -> None:
-    """The template indexes S (N = block_n) and O (N = head_dim) with the N=256 accumulator expressions and
-    packs P straight from S: prove both for these N before rendering."""
-    for n in (block_n, head_dim):
+def _check_fragments(block_n: int, head_dim: int, tail_n: int = 0) -> None:
+    """The template indexes S (N = block_n, and tail_n for a short last block) and O (N = head_dim) with the
+    N=256 accumulator expressions and packs P straight from S: prove both for these N before rendering. A short
+    tail block's QK writes the first tail_n/2 values of S's registers: the prefix check is what makes its
+    values sit where the block_n expressions say."""
+    for n in (block_n, head_dim) + ((tail_n,) if tail_n else ()):
         fragments.check_accumulator_prefix(n)
-    fragments.s_slice_is_a_operand(block_n)
+    for n in (block_n,) + ((tail_n,) if tail_n else ()):
+        fragments.s_slice_is_a_operand(n)
 
 
 @functools.lru_cache(maxsize=256)

@@ -129,6 +129,15 @@ static __device__ __forceinline__ u32 pack2(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+static __device__ __forceinline__ void wgmma_qk_first(float (&d)[64], u64 desc_a, u64 desc_b) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0; }"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
 static __device__ __forceinline__ void wgmma_qk(float (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
   asm volatile(
       "{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"
@@ -191,13 +200,13 @@ enum : u32 { kEpilogueBarrier = 1, kTurnBarrier = 3 };
 // load starts a whole PV earlier than a shared K/V release would let it.
 enum : u32 { kBarQFull = 0, kBarKFull = 1, kBarVFull = 1 + cfg::kStages, kBarKEmpty = 1 + 2 * cfg::kStages,
              kBarVEmpty = 1 + 3 * cfg::kStages, kBarQEmpty = 1 + 4 * cfg::kStages };
-
 // S = Q K^T over the head dim (8 k-slices), committed as one wgmma group.
 static __device__ __forceinline__ void issue_qk(float (&s)[64], u32 q_tile, u32 k_tile) {
   wgmma_fence();
+  wgmma_qk_first(s, cfg::kQDesc[0] + (q_tile >> 4), cfg::kKDesc[0] + (k_tile >> 4));
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-    wgmma_qk(s, cfg::kQDesc[kk] + (q_tile >> 4), cfg::kKDesc[kk] + (k_tile >> 4), kk > 0);
+  for (int kk = 1; kk < 8; ++kk)
+    wgmma_qk(s, cfg::kQDesc[kk] + (q_tile >> 4), cfg::kKDesc[kk] + (k_tile >> 4), 1);
   wgmma_commit();
 }
 
@@ -504,6 +513,7 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist(const _
   // softmax of block j runs while PV(j-1) does.
 #pragma unroll 1
   for (int t = 1; t < n_kv; ++t) {  // kv_first + t is the key block, ring + t its ring position
+    
     const int s = ((ring + t) % cfg::kStages), s_prev = ((ring + t - 1) % cfg::kStages);
     named_barrier_sync(kTurnBarrier + consumer, 256);
     mbar_wait(bars + 8 * (kBarKFull + s), (((ring + t) / cfg::kStages) & 1));

@@ -6,7 +6,7 @@
     PYTHONPATH=. python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
-pingpong, persistent, tile_overlap); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
+pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
 the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
 measurement (codegen/bench/), so the numbers are comparable with `gen.py bench`.
 """
@@ -32,7 +32,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key == "pv_split":
             kwargs[key] = parse_split(value)
-        elif key in ("pingpong", "persistent", "tile_overlap"):
+        elif key in ("pingpong", "persistent", "tile_overlap", "short_tail"):
             kwargs[key] = value.lower() in ("1", "true", "yes")
         elif key in ("block_n", "stages"):
             kwargs[key] = int(value)

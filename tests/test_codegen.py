@@ -13,7 +13,7 @@ from codegen import sass
 from codegen.build import build
 from codegen.plan import make_plan, resolve
 from codegen.render import environment, render
-from codegen.spec import KernelSpec, SpecError, parse_split
+from codegen.spec import SUPPORTED_BLOCK_N, KernelSpec, SpecError, parse_split
 from layouts import fragments
 
 # Every variant the template can emit: both dtypes, both masks, every head dim and each of its splits.
@@ -74,7 +74,8 @@ def test_spec_rejects_with_a_reason(kwargs, message):
 
 def test_resolve_fills_defaults_and_checks_the_split():
     spec = resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128))
-    assert (spec.block_n, spec.pv_split) == (128, (96, 32))
+    assert (spec.block_n, spec.pv_split) == (176, (144, 32))
+    assert resolve(KernelSpec(seq_len=512, heads=64, head_dim=128)).pv_split == (96, 32)
     assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 64
     with pytest.raises(SpecError, match="add up to block_n 64"):
         resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, block_n=64, pv_split=(96, 32)))
@@ -86,7 +87,8 @@ def test_resolve_fills_defaults_and_checks_the_split():
 def test_long_unmasked_d128_takes_the_wide_key_block():
     wide = resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128))
     assert (wide.block_n, wide.pv_split, wide.stages) == (176, (144, 32), 2)
-    assert resolve(KernelSpec(seq_len=1024, heads=16, head_dim=128)).block_n == 128  # short keys
+    assert resolve(KernelSpec(seq_len=1024, heads=16, head_dim=128)).block_n == 176  # 5 x 176 + a short tail
+    assert resolve(KernelSpec(seq_len=512, heads=16, head_dim=128)).block_n == 128  # short keys
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, causal=True)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, varlen=True)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=64)).block_n == 128
@@ -127,7 +129,7 @@ def test_plan_fits_shared_memory_and_aligns_swizzled_tiles():
     (64, 128, (96, 32), 3, False), (96, 128, (96, 32), 3, False), (128, 128, (96, 32), 3, True),
     (192, 64, (32, 32), 3, True), (256, 64, (32, 32), 2, True)])
 def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
-    spec = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=head_dim))
+    spec = resolve(KernelSpec(seq_len=512, heads=16, head_dim=head_dim))  # short keys: no wide block
     assert (spec.block_n, spec.pv_split) == (block_n, split)
     assert spec.stages >= stages  # 4 fit at D=64 and 96 (3 and 2 are the shared-memory limit elsewhere)
     assert make_plan(spec).template_context()["conditional_rescale"] is rescale
@@ -360,7 +362,7 @@ def test_varlen_tail_store_moves_whole_contiguous_runs():
 
 def test_derivations_are_shared_across_plans():
     """attention() resolves a spec on every call; the layouts must be derived once, not per call."""
-    first, second = make_plan(KernelSpec(1024, 8, 128)), make_plan(KernelSpec(2048, 8, 128, causal=True))
+    first, second = make_plan(KernelSpec(512, 8, 128)), make_plan(KernelSpec(2048, 8, 128, causal=True))
     assert first.q is second.q and first.k is second.k
 
 
@@ -382,3 +384,56 @@ def test_register_split_fits_what_the_launch_gives():
     source = render(make_plan(resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128)))).source
     assert "__launch_bounds__(384, 1)" in source
     assert f"regs_dec<{plan_module.PRODUCER_REGS}>" in source and f"regs_inc<{plan_module.CONSUMER_REGS}>" in source
+
+
+@pytest.mark.parametrize("keys, head_dim, block_n, tail_n, tail_mask", [
+    (4096, 128, 176, 48, False),   # 23 x 176 + 48: whole 16-key slices, nothing to mask
+    (1024, 128, 176, 144, False),
+    (1000, 128, 176, 128, True),   # 120 keys: the last slice is masked
+    (16400, 128, 176, 32, False),
+    (4096, 128, 128, 0, False),    # whole blocks
+    (100, 128, 128, 0, True),      # one part block: the first block's path, masked
+])
+def test_short_tail_block_plan(keys, head_dim, block_n, tail_n, tail_mask):
+    plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, block_n=block_n))
+    assert (plan.tail_n, plan.tail_mask) == (tail_n, tail_mask)
+    if tail_n:
+        chunks = plan.chunks_within(tail_n // 16)
+        assert sum(c.count for c in chunks) == tail_n // 16 and chunks[0].first == 0
+    off = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, block_n=block_n, short_tail=False))
+    assert off.tail_n == 0 and off.tail_mask == (keys % block_n != 0)
+    # Where the last block a tile visits is not the keys' end (a window) or lengths vary, the whole block runs.
+    for other in (dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
+        assert make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, block_n=block_n, **other)).tail_n == 0
+
+
+def test_short_tail_block_emits_a_narrow_wgmma():
+    """The part block's QK becomes HGMMA 64x48 (4096 = 23 x 176 + 48) and its PV three 16-key slices, without
+    ptxas serializing the pipeline (the first QK slice overwrites S, so no stale S register stays live)."""
+    spec = KernelSpec(seq_len=4096, heads=8, head_dim=128, dtype="bf16")
+    ops = sass.opcode_counts(sass.disassemble(build(spec, use_cache=False).compiled.cubin), modifiers=True)
+    full = sass.opcode_counts(sass.disassemble(build(spec.replace(short_tail=False), use_cache=False).compiled.cubin),
+                              modifiers=True)
+    qk_slices = 128 // 16
+    assert ops["HGMMA.64x48x16.F32.BF16"] == qk_slices and full["HGMMA.64x48x16.F32.BF16"] == 0
+    # PV (N = head_dim 128): the peeled last step repeats the loop's 11 slices; the tail's own PV takes 3, not 11.
+    assert ops["HGMMA.64x128x16.F32.BF16"] == full["HGMMA.64x128x16.F32.BF16"] + 48 // 16
+
+
+@pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
+def test_every_key_block_compiles_with_a_part_tail(head_dim):
+    """1000 keys end in a part block at every block_n: each width that fits the accumulators compiles without
+    spills or a serialized wgmma pipeline, with its short tail where the plan takes one (208 spilled at D=64
+    and D=96 before the plan stopped at 192)."""
+    widths = []
+    for block_n in SUPPORTED_BLOCK_N:
+        try:
+            spec = KernelSpec(seq_len=1000, heads=8, head_dim=head_dim, block_n=block_n)
+            plan = make_plan(spec)
+            plan.smem
+        except SpecError:
+            continue
+        build(spec, use_cache=False)
+        widths.append((block_n, plan.tail_n))
+    assert widths, f"no key block fits at D={head_dim}"
+    assert any(tail for _, tail in widths), "no width took a short tail"

@@ -56,10 +56,10 @@ def test_matches_float64(batch, seq, heads, dtype, split):
     assert_close_to_reference(q, k, v, o, lse)
 
 
-@pytest.mark.parametrize("seq", (2048, 4096, 5000))
+@pytest.mark.parametrize("seq", (1024, 2048, 4096, 5000))
 @pytest.mark.parametrize("dtype", ("f16", "bf16"))
 def test_default_tiles_match_float64(seq, dtype):
-    # No split given: the plan's own tile (block_n 176 at D=128 from 2048 keys; 5000 ends in a part block).
+    # No split given: the plan's own tile (block_n 176 at D=128 from 1024 keys; all but 2048 end in a part block).
     q, k, v = (torch.randn(2, seq, 4, 128, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     o, lse = run_checked(q, k, v)
     assert_close_to_reference(q, k, v, o, lse)
@@ -322,6 +322,24 @@ def test_persistent_tile_boundaries(tile_overlap, seq, heads, kv_heads, softcap)
     # a window) or before it (the boundary kept to A/B against); 3 batches put several tiles on most CTAs.
     run_coverage(3, seq, seq, heads, kv_heads, 128, softcap=softcap,
                  tuning=dict(persistent=True, tile_overlap=tile_overlap))
+
+
+# Keys ending in a part block (short_tail): its QK and PV run over its keys rounded up to 16, the rest of the
+# block unread. Tails of whole 16-key slices (no mask) and with a masked remainder; wide and default key blocks;
+# persistent and one CTA per tile; against the whole masked block (short_tail=False).
+@pytest.mark.parametrize("short_tail", (True, False))
+@pytest.mark.parametrize("seq_q, seq_k, head_dim, block_n, persistent, softcap", [
+    (1024, 1024, 128, 176, True, 0.0),     # 5 x 176 + 144
+    (4096, 4096, 128, 0, True, 0.0),       # the default 176: 48 keys
+    (1000, 1000, 128, 176, True, 20.0),    # 120 keys: the last slice masked
+    (300, 16400, 128, 0, True, 0.0),       # 32 keys
+    (1000, 700, 64, 0, True, 0.0),         # D=64, block 128: 60 keys
+    (700, 1000, 256, 0, False, 0.0),       # D=256, block 64: 40 keys
+    (500, 1000, 128, 176, False, 0.0),
+])
+def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persistent, softcap):
+    run_coverage(2, seq_q, seq_k, 8, 4, head_dim, softcap=softcap,
+                 tuning=dict(block_n=block_n, persistent=persistent, short_tail=short_tail))
 
 
 def test_persistent_grid_is_one_cta_per_sm():
