@@ -94,6 +94,7 @@ PERSISTENT_MAX_STAGES = 3
 CONDITIONAL_RESCALE_MIN_HEAD_DIM = 128
 QK_OVERWRITES_MIN_HEAD_DIM = 128  # Plan.qk_overwrites
 SHORT_TAIL_MAX_BLOCK_N = 192  # Plan.tail_n
+PREFETCH_Q_MAX_KEYS = 1024  # Plan.prefetch_next_q
 # Persistent CTAs (one per SM, looping over tiles; bench/LOG.md v7) where every tile does the same work: the
 # next tile's loads hide under this one's epilogue. Non-causal, same run: seed 0.941x -> 1.019x cuDNN,
 # (8,512,32,128) 0.870x -> 1.004x, (16,1024,32,64) 0.927x -> 0.978x, long sequences +1%. Causal tiles differ in
@@ -307,6 +308,16 @@ class Plan:
         s = self.spec
         return s.varlen or s.keys % (MMA_K if self.tail_n else s.block_n) != 0
 
+    # Measured (bench/LOG.md v14, same call, twice, flashgen ms): without the prefetch (16,1024,32,64) 0.3014 ->
+    # 0.3074 and (8,512,32,128) 0.066 -> 0.068 ms, the seed unchanged, but (4,4096,32,128) 1.741 -> 1.706-1.723
+    # and (1,16384,16,128) 3.45-3.47 -> 3.340 ms. Prefetching the next tile's first K/V blocks as well cost the
+    # seed 5% (2 blocks) to 33% (all 6): those prefetches share the TMA unit with the loads the consumers wait on.
+    @property
+    def prefetch_next_q(self) -> bool:
+        """Whether the persistent producer prefetches the next tile's Q to L2 during this tile (tile_overlap
+        only): where tiles are short (up to 1024 keys), the next Q's DRAM latency is a visible share of a tile."""
+        return self.tile_overlap and self.spec.keys <= PREFETCH_Q_MAX_KEYS
+
     @property
     def o_vector_elems(self) -> int:
         """Elements of O a thread copies at once when it stores a partial varlen tile without TMA: the widest
@@ -350,6 +361,7 @@ class Plan:
             "elem_bytes": s.elem_bytes,
             "tail_mask": False if probe else self.tail_mask,
             "tail_n": tail_n,
+            "prefetch_q": self.prefetch_next_q and not probe,
             # The probe runs one whole block: no tail, the head dim's own QK form.
             "qk_overwrites": s.head_dim >= QK_OVERWRITES_MIN_HEAD_DIM if probe else self.qk_overwrites,
             "tail_chunks": self.chunks_within(tail_n // MMA_K) if tail_n else (),

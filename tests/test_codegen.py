@@ -437,3 +437,13 @@ def test_every_key_block_compiles_with_a_part_tail(head_dim):
         widths.append((block_n, plan.tail_n))
     assert widths, f"no key block fits at D={head_dim}"
     assert any(tail for _, tail in widths), "no width took a short tail"
+
+
+def test_next_q_prefetch_only_for_short_tiles():
+    """The next tile's Q goes to L2 ahead of time only up to 1024 keys (bench/LOG.md v14: it helps 512 and 1024,
+    costs 1.5-3.5% at 4096 and 16384)."""
+    for keys, expected in ((512, True), (1024, True), (4096, False)):
+        plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128))
+        assert plan.prefetch_next_q is expected
+        assert ("tma_prefetch_5d(&tmap_q" in render(plan).source) is expected
+    assert not make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=128, tile_overlap=False)).prefetch_next_q
