@@ -17,7 +17,7 @@ from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 from .build import BuiltKernel, build
 from .render import environment
-from .spec import KernelSpec, SpecError
+from .spec import KernelSpec
 
 _DTYPE_C = {"f16": "__half", "bf16": "__nv_bfloat16"}
 # The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
@@ -32,9 +32,6 @@ class Bundle:
 
 
 def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
-    if spec.varlen:
-        raise SpecError("--export writes a launcher for fixed-length batches; a varlen launcher (cu_seqlens "
-                        "arguments) is not emitted yet. The kernel source alone is in the --out folder.")
     built = build(spec)
     plan, name = built.plan, built.rendered.kernel_name
     directory.mkdir(parents=True, exist_ok=True)
@@ -68,6 +65,8 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         "threads": plan.threads,
         "grid_x": plan.m_blocks,
         "persistent": plan.spec.persistent,
+        "varlen": plan.spec.varlen,
+        "block_m": plan.spec.block_m,
         "tolerance": _EXAMPLE_TOLERANCE[plan.spec.dtype],
     }
     env = environment()
@@ -75,7 +74,8 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         f"{name}.cu": built.rendered.source,
         f"{name}.h": env.get_template("export/launch.h.j2").render(**context),
         f"{name}_launch.cu": env.get_template("export/launch.cu.j2").render(**context),
-        "example.cu": env.get_template("export/example.cu.j2").render(**context),
+        "example.cu": env.get_template("export/example_varlen.cu.j2" if plan.spec.varlen
+                                       else "export/example.cu.j2").render(**context),
         "CMakeLists.txt": env.get_template("export/CMakeLists.txt.j2").render(**context),
         f"{name}.json": json.dumps(built.manifest(), indent=2) + "\n",
         f"{name}.ptx": built.compiled.ptx,

@@ -94,21 +94,26 @@ def main() -> int:
         print("\n".join(lines), flush=True)
 
     if not args.skip_export:
-        t0 = time.time()
-        bundle_dir = pathlib.Path("/tmp/flashgen-bundle")
-        shutil.rmtree(bundle_dir, ignore_errors=True)
-        rc, text, _ = run([sys.executable, "gen.py", "--shape", "1024,64,128", "--export", str(bundle_dir),
-                           "--out", str(bundle_dir / "generated")], out / "export.log", timeout=120)
-        build_cmd = next((line.strip() for line in text.splitlines() if line.strip().startswith("nvcc ")), None)
-        detail = "export failed"
-        if rc == 0 and build_cmd:
-            rc, text2, _ = run(shlex.split(build_cmd), out / "export-build.log", timeout=300)
-            detail = "nvcc build failed"
-            if rc == 0:
-                rc, text3, _ = run([str(bundle_dir / "example"), "2"], out / "export-run.log", timeout=120)
-                detail = text3.strip().splitlines()[-1] if text3.strip() else "(no output)"
-        summary.append(("export example", "PASS" if rc == 0 else f"FAIL rc={rc}", detail, time.time() - t0))
-        print(detail, flush=True)
+        # The seed's bundle (batch 2), and a varlen bundle (causal, grouped-query, 4 packed sequences).
+        for label, spec_args, run_arg in (("export example", ["--shape", "1024,64,128"], "2"),
+                                          ("export varlen", ["--shape", "2048,16,128", "--varlen", "--causal",
+                                                             "--kv-heads", "4", "--dtype", "bf16"], "4")):
+            t0 = time.time()
+            tag = label.replace(" ", "-")
+            bundle_dir = pathlib.Path("/tmp/flashgen-bundle") / tag
+            shutil.rmtree(bundle_dir, ignore_errors=True)
+            rc, text, _ = run([sys.executable, "gen.py", *spec_args, "--export", str(bundle_dir),
+                               "--out", str(bundle_dir / "generated")], out / f"{tag}.log", timeout=120)
+            build_cmd = next((line.strip() for line in text.splitlines() if line.strip().startswith("nvcc ")), None)
+            detail = "export failed"
+            if rc == 0 and build_cmd:
+                rc, text2, _ = run(shlex.split(build_cmd), out / f"{tag}-build.log", timeout=300)
+                detail = "nvcc build failed"
+                if rc == 0:
+                    rc, text3, _ = run([str(bundle_dir / "example"), run_arg], out / f"{tag}-run.log", timeout=120)
+                    detail = text3.strip().splitlines()[-1] if text3.strip() else "(no output)"
+            summary.append((label, "PASS" if rc == 0 else f"FAIL rc={rc}", detail, time.time() - t0))
+            print(detail, flush=True)
 
     for item in args.ncu:
         shape, _, dtype = item.partition(":")

@@ -25,6 +25,10 @@ COVERAGE = resolve(KernelSpec(seq_len=300, heads=16, head_dim=128, seq_len_k=100
 THREE_ATOMS = [resolve(KernelSpec(seq_len=1000, heads=8, head_dim=96)),
                resolve(KernelSpec(seq_len=1000, heads=8, head_dim=192, dtype="bf16", causal=True))]
 
+# Varlen bundles: persistent (causal, grouped-query) and one CTA per tile (D=256 with a window and softcap).
+VARLEN = [resolve(KernelSpec(seq_len=2048, heads=16, head_dim=128, varlen=True, causal=True, kv_heads=4, dtype="bf16")),
+          resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, varlen=True, window=(64, 32), softcap=25.0))]
+
 
 def find_nvcc() -> str | None:
     for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
@@ -108,7 +112,32 @@ def test_two_bundles_headers_in_one_translation_unit(tmp_path, nvcc):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", VARLEN, ids=lambda s: s.name)
+def test_varlen_launcher_passes_the_offsets_and_sizes_tiles_by_the_longest(tmp_path, spec):
+    bundle = export_bundle(spec, tmp_path)
+    plan = bundle.built.plan
+    header = (tmp_path / f"{spec.name}.h").read_text()
+    launcher = (tmp_path / f"{spec.name}_launch.cu").read_text()
+    assert "typedef struct flashgen_varlen_strides" in header
+    assert f"cudaError_t {spec.name}_check_seqlens(" in header and f"cudaError_t {spec.name}_check_seqlens(" in launcher
+    assert "const int* cu_seqlens_q, const int* cu_seqlens_k, int batch,\n    int total_q, int total_k" in header
+    # The packed tensors are one batch entry of total rows for the tensor maps.
+    assert launcher.count("const long long S = rows") == 4
+    assert f"const int tiles_m = (max_seqlen_q + {plan.spec.block_m - 1}) / {plan.spec.block_m};" in launcher
+    assert f"max_seqlen_q > {spec.seq_len}" in launcher and f"max_seqlen_k > {spec.keys}" in launcher
+    call = "lse, cu_seqlens_q, cu_seqlens_k, o_bytes, o_row_bytes, o_head_bytes"
+    if plan.spec.persistent:
+        assert f"{call},\n      counter, tiles_m, batch, scale_log2);" in launcher
+    else:
+        assert f"<<<dim3(tiles_m, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
+        assert f"{call},\n      scale_log2);" in launcher
+    # The launcher's arguments are the kernel's parameters, in order (the manifest lists them).
+    names = [a["name"] for a in bundle.built.manifest()["arguments"]]
+    assert names[4:10] == ["lse_out", "cu_seqlens_q", "cu_seqlens_k", "o_gmem", "o_row_bytes", "o_head_bytes"]
+    assert "varlen" in (tmp_path / "example.cu").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN, ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)
