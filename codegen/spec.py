@@ -55,8 +55,8 @@ class KernelSpec:
     # None: codegen.plan decides (measured: on where every tile does the same work).
     persistent: bool | None = None
     # Persistent kernels whose tiles are alike (fixed lengths, no causal or local window): a tile's O is
-    # stored under the next tile's first QK, and the next tile's Q is prefetched to L2 during this one. Off: the
-    # tile boundary of v7-v11 (kept to A/B against).
+    # stored under the next tile's first QK, and up to 1024 keys the next tile's Q is prefetched to L2 during
+    # this one (Plan.prefetch_next_q). Off: the tile boundary of v7-v11 (kept to A/B against).
     tile_overlap: bool = True
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
