@@ -96,12 +96,14 @@ class PreparedAttention:
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
             out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
-            tile_overlap: bool = True, short_tail: bool = True, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+            tile_overlap: bool = True, short_tail: bool = True, trace: bool = False,
+            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
             max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages, pingpong, persistent, tile_overlap and short_tail are the tuning knobs of KernelSpec; the
-    defaults are the measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are
+    pv_split, block_n, stages, pingpong, persistent, tile_overlap and short_tail are the tuning knobs
+    of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
+    measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     import torch
@@ -126,7 +128,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
                                   block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.spec_seq_k,
                                   kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
                                   softcap=float(softcap), varlen=varlen, persistent=persistent, tile_overlap=tile_overlap,
-                                  short_tail=short_tail))
+                                  short_tail=short_tail, trace=trace))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)

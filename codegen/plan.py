@@ -18,6 +18,7 @@ import layouts
 from layouts import fragments
 from layouts.derive import to_c
 
+from . import trace
 from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
 # Tile choices per head dim (bench/LOG.md has the measurements):
@@ -393,6 +394,10 @@ class Plan:
             "k_coords": self._origin_c(self.k, head="head_kv"),
             "v_coords": self._origin_c(self.v, head="head_kv"),
             "o_coords": self._origin_c(self.o),
+            "trace": s.trace and not probe,
+            "trace_ctas": trace.TRACE_CTAS,
+            "trace_words": trace.TRACE_WORDS,
+            "trace_events": trace.EVENTS,
         }
 
     def _origin_c(self, operand: layouts.OperandDerivation, head: str = "head") -> str:

@@ -61,6 +61,8 @@ class KernelSpec:
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
+    # Instrumented build: a few CTAs record the SM clock at each pipeline event (codegen/trace.py reads them).
+    trace: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seq_len, int) and self.seq_len >= 1,
@@ -97,6 +99,7 @@ class KernelSpec:
                  f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
         _require(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
         _require(isinstance(self.tile_overlap, bool), f"tile_overlap must be True or False, got {self.tile_overlap!r}")
+        _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
@@ -138,7 +141,8 @@ class KernelSpec:
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
                 + ("_persist" if self.persistent is True else "") + ("" if self.tile_overlap else "_noovl")
-                + ("" if self.short_tail else "_fulltail"))
+                + ("" if self.short_tail else "_fulltail")
+                + ("_trace" if self.trace else ""))
 
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""One call on the GPU machine: GPU tests, the probe, the exported example, the benchmark; a table last.
+"""One call on the GPU machine: GPU tests, the probe, the exported example, the pipeline trace, the benchmark;
+a table last.
 
     PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
-                                              [--ncu 1,1024,64,128:f16 --ncu 4,4096,32,128:bf16]
+                                              [--trace 1,1024,64,128:f16] [--ncu 1,1024,64,128:f16]
 
 Everything lands in $OUT (or ./gpu-check-out) as two files, because the device tool returns only a few:
 summary.txt (the table printed last) and logs.tgz (pytest, probe, export and bench logs, and each matrix's
@@ -64,6 +65,9 @@ def main() -> int:
                         help="--peers for the coverage and varlen matrices (default keeps flex off varlen rows, "
                              "whose dense document masks take minutes at 64k tokens)")
     parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
+    parser.add_argument("--trace", action="append", default=None, metavar="B,S,H,D:DTYPE",
+                        help="shapes for scripts/trace.py's cycles per pipeline phase (default: the seed's); "
+                             "--trace none skips it")
     parser.add_argument("--ncu", action="append", default=[], metavar="B,S,H,D:DTYPE",
                         help="profile the default kernel of this shape with ncu (clocks left alone); repeatable")
     args = parser.parse_args()
@@ -114,6 +118,20 @@ def main() -> int:
                     detail = text3.strip().splitlines()[-1] if text3.strip() else "(no output)"
             summary.append((label, "PASS" if rc == 0 else f"FAIL rc={rc}", detail, time.time() - t0))
             print(detail, flush=True)
+
+    for item in args.trace if args.trace is not None else ["1,1024,64,128:f16"]:
+        if item == "none":
+            continue
+        shape, _, dtype = item.partition(":")
+        tag = f"{shape.replace(',', 'x')}-{dtype or 'bf16'}"
+        rc, text, secs = run([sys.executable, "scripts/trace.py", "--shape", shape, "--dtype", dtype or "bf16",
+                              "--json", str(out / f"trace-{tag}.json")], out / f"trace-{tag}.log", timeout=180)
+        cells = {line[:28].strip(): line[28:].split() for line in text.splitlines() if len(line) > 28}
+        step = cells.get("whole step", ["?"])[0]
+        softmax = cells.get("softmax(t)", ["?"])[0]
+        summary.append((f"trace {shape}", "OK" if rc == 0 else f"FAIL rc={rc}",
+                        f"cycles per key-block step {step}, of which softmax {softmax} (CTA 0, consumer 0)", secs))
+        print("\n".join(text.splitlines()[-16:]), flush=True)
 
     for item in args.ncu:
         shape, _, dtype = item.partition(":")

@@ -17,15 +17,16 @@ from codegen.api import prepare
 from codegen.bench import parse_shape
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """--shape, --dtype, --causal and --knob, as this script and scripts/trace.py take them."""
     parser.add_argument("--shape", required=True, metavar="B,S,H,D")
     parser.add_argument("--dtype", default="bf16", choices=("f16", "bf16"))
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=INT")
-    parser.add_argument("--launches", type=int, default=3)
-    args = parser.parse_args(argv)
 
+
+def random_inputs(args: argparse.Namespace):
+    """(q, k, v) on the GPU for args.shape and args.dtype, and the knobs as prepare() keywords."""
     import torch
 
     batch, seq, heads, dim, kv_heads = parse_shape(args.shape)
@@ -33,6 +34,18 @@ def main(argv: list[str]) -> int:
     q = torch.randn(batch, seq, heads, dim, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, seq, kv_heads or heads, dim, device="cuda", dtype=dtype) for _ in range(2))
     knobs = {name: int(value) for name, _, value in (k.partition("=") for k in args.knob)}
+    return (q, k, v), knobs
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    shape_arguments(parser)
+    parser.add_argument("--launches", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    (q, k, v), knobs = random_inputs(args)
     call = prepare(q, k, v, causal=args.causal, **knobs)
     for _ in range(args.launches):
         call()

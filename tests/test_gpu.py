@@ -382,3 +382,29 @@ def test_repeated_small_calls(seq, persistent):
         q, k, v = (torch.randn(1, seq, 2, 128, device="cuda", dtype=torch.float16) for _ in range(3))
         o, lse = run_checked(q, k, v, persistent=persistent)
         assert_close_to_reference(q, k, v, o, lse)
+
+
+# The instrumented build (codegen/trace.py): within the same bound as the plain kernel, and one complete step
+# record per steady key block of every tile the traced CTAs ran, with each thread's clocks in order.
+@pytest.mark.parametrize("seq, head_dim, dtype", [(1024, 128, "f16"), (1000, 64, "bf16"), (700, 256, "bf16")])
+def test_traced_kernel_matches_and_records_every_step(seq, head_dim, dtype):
+    from codegen import trace
+
+    q, k, v = (torch.randn(2, seq, 16, head_dim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
+    call = prepare(q, k, v, trace=True)
+    call.o.fill_(float("nan"))
+    call.lse.fill_(float("nan"))
+    trace.clear(call)
+    call()
+    torch.cuda.synchronize()
+    assert not torch.isnan(call.o).any() and not torch.isnan(call.lse).any()
+    assert_close_to_reference(q, k, v, call.o, call.lse)
+    rows = trace.read(call)
+    n_kv = -(-seq // call.built.spec.block_n)
+    for (cta, consumer), events in rows.items():
+        tiles = sum(e.name == "q_ready" for e in events)
+        assert tiles >= 1, f"CTA {cta} consumer {consumer} recorded no tile"
+        assert [e.clock for e in events] == sorted(e.clock for e in events)
+        steps = trace.phases(events)["step"]
+        assert len(steps) == tiles * (n_kv - 1), (cta, consumer, tiles, len(steps))
+        assert all(s > 0 for s in steps)
