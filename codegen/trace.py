@@ -45,6 +45,7 @@ STEP_PHASES = (("turn", "wait for the MMA turn"), ("k_ready", "wait for K(t)"), 
                ("v_ready", "wait for V(t-1)"), ("issued", "issue PV(t-1)"),
                ("qk_done", "wait for QK(t)"), ("softmax", "softmax(t)"), ("pv_done", "wait for PV(t-1)"),
                ("packed", "rescale O, pack P(t)"))
+PHASE_NAMES = tuple(name for name, _ in STEP_PHASES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +75,6 @@ def decode(words, base: int | None = None) -> list[Event]:
     return events
 
 
-PHASE_NAMES = tuple(name for name, _ in STEP_PHASES)
-
-
 def phases(events: list[Event]) -> dict[str, list[int]]:
     """Cycles per phase of each complete steady-state step: each event's time since the event before it.
 
@@ -94,7 +92,7 @@ def phases(events: list[Event]) -> dict[str, list[int]]:
             if e.name == "packed":
                 if previous_end is not None and len(current) == len(PHASE_NAMES):
                     prev = previous_end
-                    for name, clock in sorted(current.items(), key=lambda item: item[1]):
+                    for name, clock in current.items():  # in the order they happened
                         result[name].append(clock - prev)
                         prev = clock
                     result["step"].append(e.clock - previous_end)

@@ -3,8 +3,8 @@
 
     PYTHONPATH=. python3 scripts/trace.py --shape 1,1024,64,128 --dtype f16 [--knob block_n=128] [--json F]
 
-For the traced CTAs' two consumers, the median cycles of each phase of a steady-state step (a turn..packed
-run; codegen/trace.py), the tile's length, and the tensor pipe's own time per step at the H200's dense rate
+For the traced CTAs' two consumers, the median cycles of each phase of a steady-state step (from one 'packed'
+event to the next; codegen/trace.py), the tile's length, and the tensor pipe's own time per step at the H200's dense rate
 for comparison. Also times the traced and the plain kernel, to show what the instrumentation costs.
 """
 
@@ -18,7 +18,7 @@ from codegen import trace
 from codegen.api import prepare
 from scripts.profile_one import random_inputs, shape_arguments
 
-# Dense f16/bf16 wgmma rate of one H100/H200 SM: 989.4 TFLOPS / 132 SMs / 1.83 GHz (HOPPER.md).
+# Dense f16/bf16 wgmma rate of one H100/H200 SM: 989.4 TFLOPS over 132 SMs at 1.83 GHz.
 FLOPS_PER_SM_CYCLE = 4096
 
 
