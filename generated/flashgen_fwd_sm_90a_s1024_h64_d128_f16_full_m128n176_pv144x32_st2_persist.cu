@@ -696,7 +696,108 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n176_pv144x32_st2_persist(const 
   // every wgmma in the kernel.
   out_m = m_block, out_head = head, out_batch = batch;
   out_slot = ((ring + n_kv - 1) % cfg::kStages);  // its K slot stages O, released after the store has read it
-  }  // tile_overlap is only for fixed lengths without a window, so every tile has keys
+  } else {  // no keys: the rows output 0 and logsumexp -inf
+    if (out_m >= 0) {
+      {
+    // The pending tile (tile_overlap: fixed lengths only), not the one in scope.
+    const int m_block = out_m, head = out_head, batch = out_batch;
+    [[maybe_unused]] constexpr int q_start = 0;
+    [[maybe_unused]] constexpr Lengths len{cfg::kSeqLen, cfg::kSeqLenK};
+    [[maybe_unused]] const int tma_batch = batch;
+    const int q_row0 = m_block * cfg::kBlockM + consumer * cfg::kRowsPerConsumer;
+    const int o_slot = out_slot;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, (done - 1) & 1);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+    }
+  }
+      out_m = -1;
+    }
+    #pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  row_max[0] = row_max[1] = -FLASHGEN_INF;
+  row_sum[0] = row_sum[1] = 0.f;
+    #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    const float inv_sum = row_sum[h] > 0.f ? 1.f / row_sum[h] : 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2)
+      if (row_half(i) == h) o_out[i / 2] = pack2(o[i] * inv_sum, o[i + 1] * inv_sum);
+    lse_row[h] = row_sum[h] > 0.f ? (row_max[h] * scale_log2 + __log2f(row_sum[h])) * 0.6931471805599453f
+                                  : -FLASHGEN_INF;
+  }
+  }
+  if (n_kv == 0) {
+    const int o_slot = -1;
+    // Recomputed rather than kept live across the main loop, where D=256 needs every register.
+    const u32 smem_base = (fresh_smem_addr(smem_raw) + 1023u) & ~1023u;
+    // This consumer's half of the K slot (the plan checks two O tiles fit one), once both consumers' last QKs
+    // have read it. Not the V slot: the other consumer's last PV may still be reading it. A tile without keys
+    // uses its Q tile (loaded but unread).
+    if (o_slot >= 0) mbar_wait(bars + 8 * kBarQEmpty, 0);
+    const u32 o_tile = (o_slot >= 0 ? smem_base + cfg::kKOffset + o_slot * cfg::kKBytes : smem_base + cfg::kQOffset) +
+                       consumer * cfg::kQBytes;
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+      const u32 m = acc_row(warp, lane, i), n = acc_col(lane, i);
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(o_tile + o_tile_offset(m, n)), "r"(o_out[i / 2]) : "memory");
+    }
+    fence_proxy_async();
+    named_barrier_sync(kEpilogueBarrier + consumer, 128);
+    if (tid == 0) {
+      const int row0 = q_row0;
+      tma_store_5d(&tmap_o, o_tile, 0, row0, 0, head, tma_batch);
+    }
+    if ((lane & 3) == 0) {
+      const int rows[2] = {row_lo, row_hi};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = q_row0 + rows[h];
+        if (q < cfg::kSeqLen)
+          lse_out[((size_t)batch * cfg::kHeads + head) * cfg::kSeqLen + q] =
+              lse_row[h];
+      }
+    }
+    // Release the staging tile (for this consumer's 4 warps) once the store has read it: the next tile's K/V,
+    // or its Q when there were no keys, lands there.
+    if (tid == 0) {
+      tma_store_drain();
+      mbar_arrive_count(bars + 8 * (o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), 4);
+    }
+  }
 
 
     ring += n_kv;
