@@ -179,7 +179,12 @@ ASSUMED_CLOCK_HZ = 2.0e9
 
 
 def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> float:
-    """Median milliseconds per call by CUDA events.
+    """Median milliseconds per call by CUDA events (time_gpu_samples)."""
+    return statistics.median(time_gpu_samples(torch, fn, warmup=warmup, iters=iters))
+
+
+def time_gpu_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> list[float]:
+    """Milliseconds of each of `iters` calls by CUDA events, after `warmup` untimed calls.
 
     All iterations are enqueued behind a GPU sleep long enough to cover the CPU's enqueueing, and
     synchronized once, so each event pair brackets GPU work alone. Synchronizing every iteration (as
@@ -201,7 +206,7 @@ def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> flo
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def queue_ahead_s(host_s_per_call: float, iters: int) -> float:

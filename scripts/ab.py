@@ -81,10 +81,12 @@ def main(argv: list[str]) -> int:
         inputs = bench.make_inputs(torch, case)
         # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
         yardstick = (bench.VARLEN_PEER_IMPLS if case.varlen else bench.PEERS)["cudnn"]
-        cudnn = bench.measure(torch, yardstick, None, case, inputs, config)
+        # cuDNN and every variant are timed in interleaved rounds (bench.measure_together).
+        cudnn, *rows = bench.measure_together(
+            torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants],
+            case, inputs, config)
         line = {"shape": case.label, "cudnn_ms": cudnn.ms}
-        for name, kwargs in variants:
-            row = bench.measure(torch, flashgen_peer(name, kwargs), None, case, inputs, config)
+        for (name, kwargs), row in zip(variants, rows):
             line[name] = (cudnn.ms / row.ms) if row.ms and cudnn.ms else None
             line[name + "_err"] = row.rel_err if row.ms else row.error
         print(json.dumps(line), flush=True)

@@ -4,6 +4,7 @@ bookkeeping (with a stand-in for torch.cuda) and the compile-time report (real N
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from codegen import bench, check
+from codegen.bench import gpu_run
 from codegen.bench import BenchUsageError, Case, Row
 
 SEED = Case(1, 1024, 64, 128, "f16")
@@ -375,6 +377,68 @@ def test_time_gpu_is_the_median_after_warmup_with_one_sync():
     ms = check.time_gpu(fake, fake.cuda.step, warmup=2, iters=5)
     assert ms == 3.0  # warm-up calls (100 ms) are not timed
     assert fake.cuda.syncs == 2 and len(fake.cuda.slept) == 1 and fake.cuda.slept[0] > 0
+
+
+class _DriftingGpu:
+    """A fake torch whose clock slows down as it runs: every call takes its own base time times (1 + calls/400)."""
+
+    def __init__(self):
+        self.clock, self.calls, self.log = [0.0], 0, []
+        self.cuda = types.SimpleNamespace(Event=lambda enable_timing: _FakeEvent(self.clock),
+                                          synchronize=lambda: None, _sleep=lambda cycles: None)
+
+    def peer(self, name, base_ms):
+        def call():
+            self.calls += 1
+            self.log.append(name)
+            self.clock[0] += base_ms * (1 + self.calls / 400)
+            return name
+
+        return bench.Peer(name, lambda torch, inputs, case: [call])
+
+
+def test_implementations_are_timed_in_interleaved_rounds(monkeypatch):
+    monkeypatch.setattr(check, "rel_err", lambda x, ref: 0.0)
+    gpu = _DriftingGpu()
+    config = bench.parse_config(["--shape", "1,1024,64,128", "--iters", "50", "--warmup", "3"])
+    entries = [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)]
+    a, b = bench.measure_together(gpu, entries, SEED, bench.Inputs(sets=(), ref=None), config)
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(gpu.log)]
+    # Each: a first call and 1 + 3 estimate calls. Then 5 rounds of 3 (first round) or 2 warm-up calls and 10
+    # timed ones, in the order a b | b a | a b | b a | a b, so neighbouring rounds' blocks merge.
+    assert bench.ROUNDS == 5 and bench.ROUND_WARMUP == 2
+    assert runs == [("a", 5), ("b", 5), ("a", 13), ("b", 13 + 12), ("a", 24), ("b", 24), ("a", 24), ("b", 12)]
+    assert a.iters == b.iters == 50
+    # The clock slowed by 80% over the run, yet b's time stays near twice a's: both saw the same drift.
+    assert b.ms / a.ms == pytest.approx(2.0, rel=0.03)
+    assert a.rel_err == 0.0 and a.ok and b.ok
+    # Timed one after the other (one round), b would look 12% slower than it is.
+    monkeypatch.setattr(gpu_run, "ROUNDS", 1)
+    gpu = _DriftingGpu()
+    a, b = bench.measure_together(gpu, [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)], SEED,
+                                  bench.Inputs(sets=(), ref=None), config)
+    assert b.ms / a.ms > 2.2
+
+
+def test_a_peer_failing_mid_timing_keeps_its_error_and_the_others_their_times(monkeypatch):
+    monkeypatch.setattr(check, "rel_err", lambda x, ref: 0.0)
+    gpu = _DriftingGpu()
+    good = gpu.peer("good", 1.0)
+    calls = []
+
+    def flaky(torch, inputs, case):
+        def call():
+            calls.append(1)
+            gpu.clock[0] += 1.0
+            if len(calls) > 20:  # in the third round
+                raise RuntimeError("illegal memory access")
+        return [call]
+
+    config = bench.parse_config(["--shape", "1,1024,64,128", "--iters", "20", "--warmup", "2"])
+    ok, bad = bench.measure_together(gpu, [(good, None), (bench.Peer("bad", flaky), None)], SEED,
+                                     bench.Inputs(sets=(), ref=None), config)
+    assert ok.ok and ok.iters == 20
+    assert bad.error == "RuntimeError: illegal memory access" and bad.ms is None and not bad.ok
 
 
 def test_queue_ahead_covers_the_host_time_and_is_capped():

@@ -11,7 +11,8 @@ from .cli import bench_main
 from .compile_timing import (COLD_TARGET_S, WARM_TARGET_S, BuildTiming, CompileTiming, compile_markdown, compile_specs,
     compile_table, fresh_cache_dir, import_seconds, run_compile, save_compile, time_compile)
 from .config import ALL_PEERS, MATRIX_PEERS, VARLEN_ONLY_PEERS, VARLEN_PEERS, BenchConfig, build_parser, parse_config
-from .gpu_run import TIME_BUDGET_MS, bench_case, cuda_fault, iterations_within, measure, run_gpu, snr_db_from
+from .gpu_run import (ROUND_WARMUP, ROUNDS, TIME_BUDGET_MS, bench_case, cuda_fault, iterations_within, measure,
+    measure_together, run_gpu, snr_db_from)
 from .inputs import (MAX_INPUT_SETS, ROTATE_BELOW_BYTES, Inputs, cu_seqlens_of, input_set_count, key_padding_bias,
     make_inputs, make_varlen_inputs, pad_packed, padded_rows, unpad, varlen_reference)
 from .peers import (CANDIDATE_SPLITS, MATH_MAX_SCORES, PEERS, UNFUSED_MAX_SCORES, VARLEN_PEER_IMPLS, Peer, Unavailable,
@@ -31,7 +32,8 @@ __all__ = [
     "MATH_MAX_SCORES", "PEERS", "UNFUSED_MAX_SCORES", "VARLEN_PEER_IMPLS", "Peer", "Unavailable",
     "_flash_varlen_calls", "_flashgen_varlen_calls", "_flex_calls", "_flex_varlen_calls", "_ragged_kwargs",
     "_sdpa_calls", "_unfused_calls", "_unpadded", "aten_op", "gqa_kwargs", "peer_names", "peers_for", "sdpa_kwargs",
-    "splits_for", "TIME_BUDGET_MS", "bench_case", "cuda_fault", "iterations_within", "measure", "run_gpu",
+    "splits_for", "ROUNDS", "ROUND_WARMUP", "TIME_BUDGET_MS", "bench_case", "cuda_fault", "iterations_within",
+    "measure", "measure_together", "run_gpu",
     "snr_db_from", "DEFAULT_OUT", "ROOT", "RUN_KEYS", "TABLE_HEADER", "BenchResult", "RatioSummary", "Row",
     "case_table", "display_name", "finalize", "geomean", "git_commit", "gpu_meta", "host_meta", "nvidia_smi_driver",
     "ratio_summaries", "render_markdown", "render_text", "results_markdown", "row_cells", "save_results", "slug",

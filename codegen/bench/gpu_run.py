@@ -1,14 +1,18 @@
-"""The GPU run: measure (one implementation on one case: error, then the median time within a budget),
-bench_case (every implementation on a case, stopping when the CUDA context faults) and run_gpu (every case)."""
+"""The GPU run: measure_together (implementations on one case: each one's error, then their times in interleaved
+rounds within a budget), bench_case (every implementation on a case, stopping when the CUDA context faults) and
+run_gpu (every case)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import itertools
 import math
+import statistics
 import sys
+from dataclasses import dataclass, field
+from typing import Callable
 
-from ..check import time_gpu
+from ..check import time_gpu, time_gpu_samples
 from .cases import Case, block_n_for
 from .config import BenchConfig
 from .inputs import Inputs, make_inputs
@@ -16,6 +20,11 @@ from .peers import Peer, Unavailable, peer_names, peers_for
 from .report import BenchResult, Row, _short, finalize, gpu_meta, host_meta
 
 TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the slow peers
+# Each implementation is timed in ROUNDS rounds, interleaved with the others, so that a clock drifting during the
+# run moves every implementation alike. Timed one after another, identical kernels gave 0.94x-1.11x cuDNN at
+# D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
+ROUNDS = 5
+ROUND_WARMUP = 2
 
 
 def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: int = 10) -> int:
@@ -26,7 +35,33 @@ def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: i
 
 
 def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig) -> Row:
-    """One row: error against float64 on the first input set, then the median time rotating over all sets."""
+    """One implementation alone on one case (measure_together with a single entry)."""
+    return measure_together(torch, [(peer, split)], case, inputs, config)[0]
+
+
+@dataclass
+class _Timing:
+    """An implementation ready to time: its calls, its error, and the samples taken so far."""
+
+    peer: Peer
+    split: tuple[int, ...] | None
+    next_call: Callable[[], Callable]
+    rel_err: float
+    iters: int
+    samples: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def row(self, case: Case) -> Row:
+        if self.error or not self.samples:  # a call that failed in any round voids the timing
+            return Row(self.peer.name, case, rel_err=self.rel_err, pv_split=self.split, error=self.error or "not timed")
+        note = None if math.isfinite(self.rel_err) else "output holds NaN or inf"
+        return Row(self.peer.name, case, ms=statistics.median(self.samples), rel_err=self.rel_err,
+                   snr_db=snr_db_from(self.rel_err), pv_split=self.split, iters=len(self.samples), error=note)
+
+
+def _prepare(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig) -> _Timing | Row:
+    """First call (it may compile), error against float64 on the first input set, and the iteration count
+    that fits the time budget; or the row saying why the implementation cannot run."""
     from codegen.check import rel_err
 
     skip = peer.skip(case)
@@ -40,16 +75,57 @@ def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchC
             with peer.steady(torch):
                 err = rel_err(peer.output(out, inputs), inputs.ref)
                 del out
-                rotate = itertools.cycle(calls).__next__
-                estimate = time_gpu(torch, lambda: rotate()(), warmup=1, iters=3)
-                iters = iterations_within(TIME_BUDGET_MS, estimate, config.iters)
-                ms = time_gpu(torch, lambda: rotate()(), warmup=config.warmup, iters=iters)
+                next_call = itertools.cycle(calls).__next__  # rotate over the input sets
+                estimate = time_gpu(torch, lambda: next_call()(), warmup=1, iters=3)
     except Unavailable as e:
         return Row(peer.name, case, pv_split=split, skipped=str(e))
     except Exception as e:  # one failing peer is a row, never the end of the run
         return Row(peer.name, case, pv_split=split, error=f"{type(e).__name__}: {e}")
-    note = None if math.isfinite(err) else "output holds NaN or inf"
-    return Row(peer.name, case, ms=ms, rel_err=err, snr_db=snr_db_from(err), pv_split=split, iters=iters, error=note)
+    return _Timing(peer, split, next_call, err, iterations_within(TIME_BUDGET_MS, estimate, config.iters))
+
+
+def _time_round(torch, timing: _Timing, *, warmup: int) -> None:
+    iters = max(1, math.ceil(timing.iters / ROUNDS))
+    try:
+        with timing.peer.context(torch), timing.peer.steady(torch):
+            timing.samples += time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters)
+    except Exception as e:
+        timing.error = f"{type(e).__name__}: {e}"
+
+
+def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchConfig,
+                     check_fault: bool = False) -> list[Row]:
+    """Rows for (peer, split) entries on one case, in their order: each is prepared (_prepare), then all are
+    timed in ROUNDS interleaved rounds (forward, then backward), and each row's time is the median of its
+    samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
+    drifting during the run. With check_fault, a lost CUDA context raises _ContextLost carrying the rows."""
+    slots: list[_Timing | Row] = []
+    for peer, split in entries:
+        slots.append(_prepare(torch, peer, split, case, inputs, config))
+        _raise_on_fault(torch, check_fault, slots, case, peer.name)
+    timed = [s for s in slots if isinstance(s, _Timing)]
+    for r in range(ROUNDS):
+        for timing in timed if r % 2 == 0 else timed[::-1]:
+            if timing.error is None:
+                _time_round(torch, timing, warmup=config.warmup if r == 0 else ROUND_WARMUP)
+                _raise_on_fault(torch, check_fault, slots, case, timing.peer.name)
+    return [s.row(case) if isinstance(s, _Timing) else s for s in slots]
+
+
+class _ContextLost(Exception):
+    def __init__(self, rows: list[Row], reason: str):
+        super().__init__(reason)
+        self.rows, self.reason = rows, reason
+
+
+def _raise_on_fault(torch, check: bool, slots, case: Case, name: str) -> None:
+    fault = cuda_fault(torch) if check else None
+    if fault:
+        reason = f"CUDA context lost after {name} on {case.label}: {fault}"
+        for s in slots:
+            if isinstance(s, _Timing) and s.error is None:
+                s.error = reason
+        raise _ContextLost([s.row(case) if isinstance(s, _Timing) else s for s in slots], reason)
 
 
 def snr_db_from(err: float) -> float:
@@ -83,14 +159,19 @@ def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[R
     except Exception as e:
         return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}")
                        for name in peer_names(case, config.peers)], cuda_fault(torch)
-    for peer, split in peers_for(case, config, block_n):
-        row = measure(torch, peer, split, case, inputs, config)
-        rows.append(row)
-        progress(f"  {peer.name:<18} " + (f"{row.ms:.4f} ms, rel err {row.rel_err:.2e}" if row.ms is not None
-                                          else row.skipped or _short(row.error or "")))
-        fault = cuda_fault(torch)
-        if fault:
-            return rows, f"CUDA context lost after {peer.name} on {case.label}: {fault}"
+    entries = peers_for(case, config, block_n)
+    progress(f"  {len(entries)} implementations: error each, then timed in {ROUNDS} interleaved rounds")
+    fault = None
+    try:
+        measured = measure_together(torch, entries, case, inputs, config, check_fault=True)
+    except _ContextLost as e:
+        measured, fault = e.rows, e.reason
+    for row in measured:
+        progress(f"  {row.impl:<18} " + (f"{row.ms:.4f} ms, rel err {row.rel_err:.2e}" if row.ms is not None
+                                         else row.skipped or _short(row.error or "")))
+    rows += measured
+    if fault:
+        return rows, fault
     del inputs
     torch.cuda.empty_cache()
     return rows, None
