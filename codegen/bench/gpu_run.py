@@ -184,7 +184,7 @@ def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stde
         raise RuntimeError(f"gen.py bench needs a CUDA GPU; torch {torch.__version__} sees none")
     now = _dt.datetime.now(_dt.timezone.utc)
     meta = {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "seed": config.seed, "matrix": config.matrix}
+            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": config.matrix}
     torch.manual_seed(config.seed)
     rows: list[Row] = []
     fault = None
