@@ -397,6 +397,7 @@ class Plan:
             "trace": s.trace and not probe,
             "trace_ctas": trace.TRACE_CTAS,
             "trace_words": trace.TRACE_WORDS,
+            "trace_warps": trace.TRACE_WARPS,
             "trace_events": trace.EVENTS,
         }
 

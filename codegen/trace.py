@@ -1,18 +1,21 @@
 """Pipeline timelines from an instrumented kernel (KernelSpec.trace).
 
 A traced kernel has a module global `flashgen_trace`: for each of its first TRACE_CTAS CTAs, one row of
-TRACE_WORDS 64-bit words per consumer warpgroup (0 and 1), written by its first thread (the producer's 24
-registers have no room for the trace state). Word n of a row is the n-th event that thread passed, as
+TRACE_WORDS 64-bit words per warp of each consumer warpgroup (0 and 1; TRACE_WARPS warps each), written by the
+warp's first lane (the producer's 24 registers have no room for the trace state). Word n of a row is the n-th
+event that lane passed, as
 
     bits 63..40  step (the key block t of its tile; the tile count for per-tile events)
     bits 39..32  event code (EVENTS)
     bits 31..0   the SM's %clock when the thread got there
 
 so differences of clocks on one row, or between rows of one CTA (one SM), are cycles. The writes are a few
-predicated stores per key block on one thread; the traced kernel is otherwise the same kernel.
+predicated stores per key block on one lane a warp; the traced kernel is otherwise the same kernel.
 
-`phases` turns a consumer's events into the time each of its steps spent in each phase; `scripts/trace.py`
-runs a traced kernel on the GPU and prints them.
+`phases` turns one warp's events into the time each of its steps spent in each phase, and `handoff` compares a
+consumer's warps: how late each one ends a step after the first, and how long after the last one the next MMA
+turn comes (the named barrier waits for all of them). `scripts/trace.py` runs a traced kernel on the GPU and
+prints both.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import dataclasses
 import statistics
 
 TRACE_CTAS = 4
+TRACE_WARPS = 4  # every warp of a consumer warpgroup
 TRACE_WORDS = 2048
 
 # Events, in the order a consumer passes them in one key-block step (codes are what the kernel writes).
@@ -68,6 +72,8 @@ def decode(words, base: int | None = None) -> list[Event]:
             raise ValueError(f"trace word {word:#x} has unknown event code {code}")
         if base is None:
             base = clock
+        if last is None and clock < base:  # the row starts after the clock wrapped past the shared base
+            wraps = 1
         if last is not None and clock < last:
             wraps += 1
         last = clock
@@ -106,6 +112,44 @@ def tiles(events: list[Event]) -> list[int]:
     return [b - a for a, b in zip(starts, starts[1:])]
 
 
+def step_clocks(events: list[Event], name: str) -> dict[tuple[int, int], int]:
+    """(tile, step) -> clock of the named event in each step; tiles count the q_ready events before it."""
+    out, tile = {}, -1
+    for e in events:
+        if e.name == "q_ready":
+            tile += 1
+        elif e.name == name:
+            out[(tile, e.step)] = e.clock
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """One consumer's warps at the ends of its steps: `late[w]`, for every step all of them ended, how many
+    cycles warp w ended it ('packed') after the first warp; `release`, how many cycles after the last warp the
+    next turn came (the earliest of the warps' 'turn' events of the next step)."""
+
+    late: tuple[tuple[int, ...], ...]
+    release: tuple[int, ...]
+
+
+def handoff(warps: list[list[Event]]) -> Handoff:
+    """Compare the warps of one consumer (their events on one clock base: split_rows)."""
+    ends = [step_clocks(w, "packed") for w in warps]
+    turns = [step_clocks(w, "turn") for w in warps]
+    late, release = [[] for _ in warps], []
+    for key in sorted(ends[0]):
+        if not all(key in e for e in ends):
+            continue
+        clocks = [e[key] for e in ends]
+        for w, clock in enumerate(clocks):
+            late[w].append(clock - min(clocks))
+        following = (key[0], key[1] + 1)
+        if all(following in t for t in turns):
+            release.append(min(t[following] for t in turns) - max(clocks))
+    return Handoff(tuple(map(tuple, late)), tuple(release))
+
+
 def median(values: list[int]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -132,8 +176,8 @@ def clear(prepared) -> None:
     check(cu.cuMemsetD8(address, 0, size), "cuMemsetD8")
 
 
-def read(prepared) -> dict[tuple[int, int], list[Event]]:
-    """The events of the last launch, by (CTA, consumer); call after the launch has finished."""
+def read(prepared) -> dict[tuple[int, int, int], list[Event]]:
+    """The events of the last launch, by (CTA, consumer, warp); call after the launch has finished."""
     import numpy as np
     from cuda.bindings import driver as cu
 
@@ -145,13 +189,15 @@ def read(prepared) -> dict[tuple[int, int], list[Event]]:
     return split_rows(words)
 
 
-def split_rows(words) -> dict[tuple[int, int], list[Event]]:
-    """The whole buffer (TRACE_CTAS x 2 x TRACE_WORDS words) -> events by (CTA, consumer). Both consumers of a
-    CTA count from the earlier of their first events, so their clocks compare (one SM, one clock)."""
-    rows = words.reshape(TRACE_CTAS, 2, TRACE_WORDS)
+def split_rows(words) -> dict[tuple[int, int, int], list[Event]]:
+    """The whole buffer (TRACE_CTAS x 2 x TRACE_WARPS x TRACE_WORDS words) -> events by (CTA, consumer, warp).
+    All rows of a CTA count from the earliest of their first events, so their clocks compare (one SM, one
+    clock); "earliest" on the 32-bit clock's circle, since the rows start within cycles of each other."""
+    rows = words.reshape(TRACE_CTAS, 2 * TRACE_WARPS, TRACE_WORDS)
     events = {}
     for cta in range(TRACE_CTAS):
-        firsts = [int(rows[cta, c, 0]) & 0xFFFFFFFF for c in range(2) if int(rows[cta, c, 0])]
-        for c in range(2):
-            events[(cta, c)] = decode(rows[cta, c], base=min(firsts) if firsts else None)
+        firsts = [int(row[0]) & 0xFFFFFFFF for row in rows[cta] if int(row[0])]
+        base = min(firsts, key=lambda c: max((f - c) % 2**32 for f in firsts)) if firsts else None
+        for r, row in enumerate(rows[cta]):
+            events[(cta, r // TRACE_WARPS, r % TRACE_WARPS)] = decode(row, base=base)
     return events

@@ -3,9 +3,12 @@
 
     PYTHONPATH=. python3 scripts/trace.py --shape 1,1024,64,128 --dtype f16 [--knob block_n=128] [--json F]
 
-For the traced CTAs' two consumers, the median cycles of each phase of a steady-state step (from one 'packed'
-event to the next; codegen/trace.py), the tile's length, and the tensor pipe's own time per step at the H200's dense rate
-for comparison. Also times the traced and the plain kernel, to show what the instrumentation costs.
+For the traced CTAs' two consumers (their first warps), the median cycles of each phase of a steady-state step
+(from one 'packed' event to the next; codegen/trace.py), the tile's length, and the tensor pipe's own time per
+step at the H200's dense rate for comparison. Then each consumer's four warps, pooled over the traced CTAs: their
+softmax and step times, how late each ends a step after the first warp, and how long the next MMA turn takes to
+come after the last warp (the named barrier's own latency plus the other consumer's hold). Also times the traced
+and the plain kernel, to show what the instrumentation costs.
 """
 
 from __future__ import annotations
@@ -61,22 +64,52 @@ def main(argv: list[str]) -> int:
     summary = {}
     for c in range(trace.TRACE_CTAS):
         for w in (0, 1):
-            summary[(c, w)] = trace.phases(rows[(c, w)])
+            summary[(c, w)] = trace.phases(rows[(c, w, 0)])
     labels = dict(trace.STEP_PHASES)
     for name in trace.PHASE_NAMES + ("step",):
         cells = "".join(f"{trace.median(summary[key][name]):10.0f}" for key in summary)
         print(f"{labels.get(name, 'whole step'):28s}{cells}")
-    cells = "".join(f"{trace.median(trace.tiles(rows[key])):10.0f}" for key in summary)
+    cells = "".join(f"{trace.median(trace.tiles(rows[key + (0,)])):10.0f}" for key in summary)
     print(f"{'tile (q_ready to q_ready)':28s}{cells}")
     cells = "".join(f"{len(summary[key]['step']):10d}" for key in summary)
     print(f"{'steady steps seen':28s}{cells}")
+    warps = print_warps(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"kernel": traced.built.rendered.kernel_name, "plain_ms": plain_ms, "traced_ms": traced_ms,
-                       "events": {f"{c},{w}": [(e.name, e.step, e.clock) for e in rows[(c, w)]]
-                                  for c, w in rows},
-                       "phases": {f"{c},{w}": ph for (c, w), ph in summary.items()}}, f)
+                       "events": {f"{c},{g},{w}": [(e.name, e.step, e.clock) for e in rows[(c, g, w)]]
+                                  for c, g, w in rows},
+                       "phases": {f"{c},{g}": ph for (c, g), ph in summary.items()},
+                       "warps": warps}, f)
     return 0
+
+
+def print_warps(rows) -> dict:
+    """The per-warp table (pooled over the traced CTAs); returns its numbers."""
+    pooled = {}  # (consumer, warp) -> {"softmax": [...], "step": [...], "late": [...]}; consumer -> release
+    for g in (0, 1):
+        pooled[g] = []
+        for w in range(trace.TRACE_WARPS):
+            pooled[(g, w)] = {"softmax": [], "packed": [], "step": [], "late": []}
+        for c in range(trace.TRACE_CTAS):
+            per_warp = [rows[(c, g, w)] for w in range(trace.TRACE_WARPS)]
+            h = trace.handoff(per_warp)
+            pooled[g] += h.release
+            for w, events in enumerate(per_warp):
+                ph = trace.phases(events)
+                for name in ("softmax", "packed", "step"):
+                    pooled[(g, w)][name] += ph[name]
+                pooled[(g, w)]["late"] += h.late[w]
+    keys = [(g, w) for g in (0, 1) for w in range(trace.TRACE_WARPS)]
+    print(f"\n{'per warp (median cycles)':34s}" + "".join(f"{f'c{g}/w{w}':>8s}" for g, w in keys))
+    rows_out = (("softmax", "softmax(t), this warp"), ("packed", "rescale O, pack P(t), this warp"),
+                ("step", "step, this warp"), ("late", "ends its step after the first warp"))
+    for name, label in rows_out:
+        print(f"{label:34s}" + "".join(f"{trace.median(pooled[key][name]):8.0f}" for key in keys))
+    print(f"{'next turn after the last warp':34s}" + "".join(
+        f"{trace.median(pooled[g]):{8 * trace.TRACE_WARPS}.0f}" for g in (0, 1)))
+    return {"per_warp": {f"{g},{w}": pooled[(g, w)] for g, w in keys},
+            "release": {str(g): pooled[g] for g in (0, 1)}}
 
 
 if __name__ == "__main__":

@@ -385,7 +385,7 @@ def test_repeated_small_calls(seq, persistent):
 
 
 # The instrumented build (codegen/trace.py): within the same bound as the plain kernel, and one complete step
-# record per steady key block of every tile the traced CTAs ran, with each thread's clocks in order.
+# record per steady key block of every tile the traced CTAs ran, from every consumer warp, clocks in order.
 @pytest.mark.parametrize("seq, head_dim, dtype", [(1024, 128, "f16"), (1000, 64, "bf16"), (700, 256, "bf16")])
 def test_traced_kernel_matches_and_records_every_step(seq, head_dim, dtype):
     from codegen import trace
@@ -401,10 +401,15 @@ def test_traced_kernel_matches_and_records_every_step(seq, head_dim, dtype):
     assert_close_to_reference(q, k, v, call.o, call.lse)
     rows = trace.read(call)
     n_kv = -(-seq // call.built.spec.block_n)
-    for (cta, consumer), events in rows.items():
+    for (cta, consumer, warp), events in rows.items():
         tiles = sum(e.name == "q_ready" for e in events)
-        assert tiles >= 1, f"CTA {cta} consumer {consumer} recorded no tile"
+        assert tiles >= 1, f"CTA {cta} consumer {consumer} warp {warp} recorded no tile"
         assert [e.clock for e in events] == sorted(e.clock for e in events)
         steps = trace.phases(events)["step"]
-        assert len(steps) == tiles * (n_kv - 1), (cta, consumer, tiles, len(steps))
+        assert len(steps) == tiles * (n_kv - 1), (cta, consumer, warp, tiles, len(steps))
         assert all(s > 0 for s in steps)
+    # The MMA turn is a named barrier over all of a consumer's warps: none passes it before the last arrives.
+    for cta in range(trace.TRACE_CTAS):
+        for consumer in (0, 1):
+            h = trace.handoff([rows[(cta, consumer, w)] for w in range(trace.TRACE_WARPS)])
+            assert h.release and min(h.release) >= 0, (cta, consumer, h.release)

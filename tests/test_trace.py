@@ -36,16 +36,39 @@ def test_decode_reads_step_event_and_clock_and_unwraps():
     assert [(e.name, e.step, e.clock) for e in events] == [("q_ready", 3, 0), ("turn", 1, 0xF0), ("issued", 1, 0x120)]
 
 
-def test_both_consumers_of_a_cta_share_one_clock_base():
+def test_every_warp_of_a_cta_shares_one_clock_base():
     import numpy as np
 
-    words = np.zeros((trace.TRACE_CTAS, 2, trace.TRACE_WORDS), dtype=np.uint64)
-    words[0, 0, :2] = [word("q_ready", 0, 1000), word("turn", 0, 1100)]
-    words[0, 1, :2] = [word("q_ready", 0, 1040), word("turn", 0, 1900)]
+    words = np.zeros((trace.TRACE_CTAS, 2, trace.TRACE_WARPS, trace.TRACE_WORDS), dtype=np.uint64)
+    words[0, 0, 0, :2] = [word("q_ready", 0, 1000), word("turn", 0, 1100)]
+    words[0, 0, 3, :2] = [word("q_ready", 0, 1010), word("turn", 0, 1100)]
+    words[0, 1, 2, :2] = [word("q_ready", 0, 1040), word("turn", 0, 1900)]
+    # CTA 1's rows start on both sides of the clock's wrap: the earliest is the one before it.
+    words[1, 0, 0, :2] = [word("q_ready", 0, 0xFFFFFFF0), word("turn", 0, 0x10)]
+    words[1, 1, 1, :1] = [word("q_ready", 0, 0x8)]
     events = trace.split_rows(words.reshape(-1))
-    assert [e.clock for e in events[(0, 0)]] == [0, 100]
-    assert [e.clock for e in events[(0, 1)]] == [40, 900]
-    assert events[(1, 0)] == [] and events[(3, 1)] == []
+    assert len(events) == trace.TRACE_CTAS * 2 * trace.TRACE_WARPS
+    assert [e.clock for e in events[(0, 0, 0)]] == [0, 100]
+    assert [e.clock for e in events[(0, 0, 3)]] == [10, 100]
+    assert [e.clock for e in events[(0, 1, 2)]] == [40, 900]
+    assert [e.clock for e in events[(1, 0, 0)]] == [0, 0x20]
+    assert [e.clock for e in events[(1, 1, 1)]] == [0x18]
+    assert events[(0, 0, 1)] == [] and events[(3, 1, 3)] == []
+
+
+def test_handoff_is_each_warps_lateness_and_the_wait_after_the_last():
+    # Two warps, one tile: step 0 ends at 100 and 130, step 1's turn at 150 (20 after the last); step 1 ends at
+    # 500 and 460, the last PV's turn (step 2) at 530 and 531.
+    a = [word("q_ready", 0, 0), word("packed", 0, 100), word("turn", 1, 150), word("packed", 1, 500),
+         word("turn", 2, 530)]
+    b = [word("q_ready", 0, 0), word("packed", 0, 130), word("turn", 1, 150), word("packed", 1, 460),
+         word("turn", 2, 531)]
+    h = trace.handoff([trace.decode(a, base=0), trace.decode(b, base=0)])
+    assert h.late == ((0, 40), (30, 0))
+    assert h.release == (20, 30)
+    # A step one warp did not finish (its row ran out) is left out.
+    h = trace.handoff([trace.decode(a, base=0), trace.decode(b[:3], base=0)])
+    assert h.late == ((0,), (30,)) and h.release == (20,)
 
 
 def test_decode_rejects_an_unknown_event_code():
@@ -82,7 +105,9 @@ def test_every_event_is_written_by_the_traced_source_and_none_by_the_plain_one()
     codes = {int(c) for c in re.findall(r"trace_event\(trace_on, trace_n, trace_row, (\d+)u", traced)}
     assert codes == set(trace.EVENTS.values())
     assert "trace_event" not in plain and "flashgen_trace" not in plain
-    assert f"kTraceCtas = {trace.TRACE_CTAS}, kTraceWords = {trace.TRACE_WORDS}" in traced
+    assert (f"kTraceCtas = {trace.TRACE_CTAS}, kTraceWarps = {trace.TRACE_WARPS}, "
+            f"kTraceWords = {trace.TRACE_WORDS}") in traced
+    assert "tid % 32 == 0" in traced  # the first lane of every consumer warp
     assert spec.name.endswith("_trace") and not spec.replace(trace=False).name.endswith("_trace")
 
 
@@ -94,3 +119,26 @@ def test_traced_builds_compile_without_spills(shape):
     built = build(resolve(KernelSpec(trace=True, **shape)))
     info = built.compiled.kernels[built.rendered.kernel_name]
     assert info.spill_stores == 0 and info.spill_loads == 0
+
+
+def test_the_trace_script_pools_each_consumers_warps(capsys):
+    import numpy as np
+
+    from scripts.trace import print_warps
+
+    words = np.zeros((trace.TRACE_CTAS, 2, trace.TRACE_WARPS, trace.TRACE_WORDS), dtype=np.uint64)
+    for w in range(trace.TRACE_WARPS):  # consumer 0 of CTA 0: warp w ends both steps 10 * w cycles late
+        row = [word("q_ready", 0, 0), word("packed", 0, 1000 + 10 * w), word("turn", 1, 1100)]
+        clock = 1100
+        for name in trace.PHASE_NAMES[1:]:
+            clock += GAPS[name]
+            row.append(word(name, 1, clock + (10 * w if name == "packed" else 0)))
+        words[0, 0, w, :len(row)] = row
+    out = print_warps(trace.split_rows(words.reshape(-1)))
+    for w in range(trace.TRACE_WARPS):
+        assert out["per_warp"][f"0,{w}"]["late"] == [10 * w, 10 * w]
+        assert out["per_warp"][f"0,{w}"]["step"] == [100 + sum(GAPS.values()) - GAPS["turn"]]
+    assert out["release"]["0"] == [1100 - 1030]  # step 1's turn, after the last warp ended step 0
+    assert out["release"]["1"] == [] and out["per_warp"]["1,3"]["step"] == []
+    printed = capsys.readouterr().out
+    assert "ends its step after the first warp" in printed and "c1/w3" in printed
