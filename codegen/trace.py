@@ -12,10 +12,10 @@ event that lane passed, as
 so differences of clocks on one row, or between rows of one CTA (one SM), are cycles. The writes are a few
 predicated stores per key block on one lane a warp; the traced kernel is otherwise the same kernel.
 
-`phases` turns one warp's events into the time each of its steps spent in each phase, and `handoff` compares a
-consumer's warps: how late each one ends a step after the first, and how long after the last one the next MMA
-turn comes (the named barrier waits for all of them). `scripts/trace.py` runs a traced kernel on the GPU and
-prints both.
+`phases` turns one warp's events into the time each of its steps spent in each phase; `scripts/trace.py` runs a
+traced kernel on the GPU and prints them. Compare clocks across warps with care: on the H200, warps that leave
+one named barrier together read %clock values up to ~150 cycles apart (bench/LOG.md v16b), so a phase is only
+trusted within one warp's row.
 """
 
 from __future__ import annotations
@@ -112,44 +112,6 @@ def tiles(events: list[Event]) -> list[int]:
     return [b - a for a, b in zip(starts, starts[1:])]
 
 
-def step_clocks(events: list[Event], name: str) -> dict[tuple[int, int], int]:
-    """(tile, step) -> clock of the named event in each step; tiles count the q_ready events before it."""
-    out, tile = {}, -1
-    for e in events:
-        if e.name == "q_ready":
-            tile += 1
-        elif e.name == name:
-            out[(tile, e.step)] = e.clock
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Handoff:
-    """One consumer's warps at the ends of its steps: `late[w]`, for every step all of them ended, how many
-    cycles warp w ended it ('packed') after the first warp; `release`, how many cycles after the last warp the
-    next turn came (the earliest of the warps' 'turn' events of the next step)."""
-
-    late: tuple[tuple[int, ...], ...]
-    release: tuple[int, ...]
-
-
-def handoff(warps: list[list[Event]]) -> Handoff:
-    """Compare the warps of one consumer (their events on one clock base: split_rows)."""
-    ends = [step_clocks(w, "packed") for w in warps]
-    turns = [step_clocks(w, "turn") for w in warps]
-    late, release = [[] for _ in warps], []
-    for key in sorted(ends[0]):
-        if not all(key in e for e in ends):
-            continue
-        clocks = [e[key] for e in ends]
-        for w, clock in enumerate(clocks):
-            late[w].append(clock - min(clocks))
-        following = (key[0], key[1] + 1)
-        if all(following in t for t in turns):
-            release.append(min(t[following] for t in turns) - max(clocks))
-    return Handoff(tuple(map(tuple, late)), tuple(release))
-
-
 def median(values: list[int]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -191,8 +153,9 @@ def read(prepared) -> dict[tuple[int, int, int], list[Event]]:
 
 def split_rows(words) -> dict[tuple[int, int, int], list[Event]]:
     """The whole buffer (TRACE_CTAS x 2 x TRACE_WARPS x TRACE_WORDS words) -> events by (CTA, consumer, warp).
-    All rows of a CTA count from the earliest of their first events, so their clocks compare (one SM, one
-    clock); "earliest" on the 32-bit clock's circle, since the rows start within cycles of each other."""
+    All rows of a CTA count from the earliest of their first events ("earliest" on the 32-bit clock's circle,
+    since the rows start within cycles of each other), so the two consumers' timelines line up to within the
+    ~150 cycles by which warps' clocks can differ."""
     rows = words.reshape(TRACE_CTAS, 2 * TRACE_WARPS, TRACE_WORDS)
     events = {}
     for cta in range(TRACE_CTAS):

@@ -131,7 +131,7 @@ def main() -> int:
         softmax = cells.get("softmax(t)", ["?"])[0]
         summary.append((f"trace {shape}", "OK" if rc == 0 else f"FAIL rc={rc}",
                         f"cycles per key-block step {step}, of which softmax {softmax} (CTA 0, consumer 0)", secs))
-        print("\n".join(text.splitlines()[-23:]), flush=True)
+        print("\n".join(text.splitlines()[-28:]), flush=True)
 
     for item in args.ncu:
         shape, _, dtype = item.partition(":")

@@ -6,9 +6,8 @@
 For the traced CTAs' two consumers (their first warps), the median cycles of each phase of a steady-state step
 (from one 'packed' event to the next; codegen/trace.py), the tile's length, and the tensor pipe's own time per
 step at the H200's dense rate for comparison. Then each consumer's four warps, pooled over the traced CTAs: their
-softmax and step times, how late each ends a step after the first warp, and how long the next MMA turn takes to
-come after the last warp (the named barrier's own latency plus the other consumer's hold). Also times the traced
-and the plain kernel, to show what the instrumentation costs.
+phases (each within its own warp: clocks of different warps do not compare). Also times the traced and the plain
+kernel, to show what the instrumentation costs.
 """
 
 from __future__ import annotations
@@ -85,31 +84,22 @@ def main(argv: list[str]) -> int:
 
 
 def print_warps(rows) -> dict:
-    """The per-warp table (pooled over the traced CTAs); returns its numbers."""
-    pooled = {}  # (consumer, warp) -> {"softmax": [...], "step": [...], "late": [...]}; consumer -> release
+    """Each consumer warp's phases, pooled over the traced CTAs: (consumer, warp) -> phase -> cycles per step.
+    Only differences within one warp's row: clocks of different warps do not compare (codegen/trace.py)."""
+    pooled = {}
     for g in (0, 1):
-        pooled[g] = []
         for w in range(trace.TRACE_WARPS):
-            pooled[(g, w)] = {"softmax": [], "packed": [], "step": [], "late": []}
-        for c in range(trace.TRACE_CTAS):
-            per_warp = [rows[(c, g, w)] for w in range(trace.TRACE_WARPS)]
-            h = trace.handoff(per_warp)
-            pooled[g] += h.release
-            for w, events in enumerate(per_warp):
-                ph = trace.phases(events)
-                for name in ("softmax", "packed", "step"):
-                    pooled[(g, w)][name] += ph[name]
-                pooled[(g, w)]["late"] += h.late[w]
-    keys = [(g, w) for g in (0, 1) for w in range(trace.TRACE_WARPS)]
-    print(f"\n{'per warp (median cycles)':34s}" + "".join(f"{f'c{g}/w{w}':>8s}" for g, w in keys))
-    rows_out = (("softmax", "softmax(t), this warp"), ("packed", "rescale O, pack P(t), this warp"),
-                ("step", "step, this warp"), ("late", "ends its step after the first warp"))
-    for name, label in rows_out:
-        print(f"{label:34s}" + "".join(f"{trace.median(pooled[key][name]):8.0f}" for key in keys))
-    print(f"{'next turn after the last warp':34s}" + "".join(
-        f"{trace.median(pooled[g]):{8 * trace.TRACE_WARPS}.0f}" for g in (0, 1)))
-    return {"per_warp": {f"{g},{w}": pooled[(g, w)] for g, w in keys},
-            "release": {str(g): pooled[g] for g in (0, 1)}}
+            pooled[f"{g},{w}"] = {name: [] for name in trace.PHASE_NAMES + ("step",)}
+            for c in range(trace.TRACE_CTAS):
+                for name, cycles in trace.phases(rows[(c, g, w)]).items():
+                    pooled[f"{g},{w}"][name] += cycles
+    labels = dict(trace.STEP_PHASES)
+    print(f"\n{'each warp, CTAs pooled (median)':28s}" + "".join(f"{'c%s/w%s' % tuple(k.split(',')):>9s}"
+                                                                  for k in pooled))
+    for name in trace.PHASE_NAMES + ("step",):
+        cells = "".join(f"{trace.median(pooled[key][name]):9.0f}" for key in pooled)
+        print(f"{labels.get(name, 'whole step'):28s}{cells}")
+    return pooled
 
 
 if __name__ == "__main__":

@@ -56,21 +56,6 @@ def test_every_warp_of_a_cta_shares_one_clock_base():
     assert events[(0, 0, 1)] == [] and events[(3, 1, 3)] == []
 
 
-def test_handoff_is_each_warps_lateness_and_the_wait_after_the_last():
-    # Two warps, one tile: step 0 ends at 100 and 130, step 1's turn at 150 (20 after the last); step 1 ends at
-    # 500 and 460, the last PV's turn (step 2) at 530 and 531.
-    a = [word("q_ready", 0, 0), word("packed", 0, 100), word("turn", 1, 150), word("packed", 1, 500),
-         word("turn", 2, 530)]
-    b = [word("q_ready", 0, 0), word("packed", 0, 130), word("turn", 1, 150), word("packed", 1, 460),
-         word("turn", 2, 531)]
-    h = trace.handoff([trace.decode(a, base=0), trace.decode(b, base=0)])
-    assert h.late == ((0, 40), (30, 0))
-    assert h.release == (20, 30)
-    # A step one warp did not finish (its row ran out) is left out.
-    h = trace.handoff([trace.decode(a, base=0), trace.decode(b[:3], base=0)])
-    assert h.late == ((0,), (30,)) and h.release == (20,)
-
-
 def test_decode_rejects_an_unknown_event_code():
     with pytest.raises(ValueError, match="unknown event code 99"):
         trace.decode([(99 << 32) | 5])
@@ -127,18 +112,15 @@ def test_the_trace_script_pools_each_consumers_warps(capsys):
     from scripts.trace import print_warps
 
     words = np.zeros((trace.TRACE_CTAS, 2, trace.TRACE_WARPS, trace.TRACE_WORDS), dtype=np.uint64)
-    for w in range(trace.TRACE_WARPS):  # consumer 0 of CTA 0: warp w ends both steps 10 * w cycles late
-        row = [word("q_ready", 0, 0), word("packed", 0, 1000 + 10 * w), word("turn", 1, 1100)]
-        clock = 1100
-        for name in trace.PHASE_NAMES[1:]:
-            clock += GAPS[name]
-            row.append(word(name, 1, clock + (10 * w if name == "packed" else 0)))
-        words[0, 0, w, :len(row)] = row
+    for cta in (0, 2):  # consumer 0 of CTAs 0 and 2: warp w's softmax takes 10 * w cycles more
+        for w in range(trace.TRACE_WARPS):
+            gaps = dict(GAPS, softmax=GAPS["softmax"] + 10 * w + cta)
+            row = [word("q_ready", 0, 0), word("packed", 0, 1000)] + steady_step(1, 1000, gaps)
+            words[cta, 0, w, :len(row)] = row
     out = print_warps(trace.split_rows(words.reshape(-1)))
     for w in range(trace.TRACE_WARPS):
-        assert out["per_warp"][f"0,{w}"]["late"] == [10 * w, 10 * w]
-        assert out["per_warp"][f"0,{w}"]["step"] == [100 + sum(GAPS.values()) - GAPS["turn"]]
-    assert out["release"]["0"] == [1100 - 1030]  # step 1's turn, after the last warp ended step 0
-    assert out["release"]["1"] == [] and out["per_warp"]["1,3"]["step"] == []
+        assert out["0,%d" % w]["softmax"] == [GAPS["softmax"] + 10 * w, GAPS["softmax"] + 10 * w + 2]
+        assert out["0,%d" % w]["step"] == [sum(GAPS.values()) + 10 * w, sum(GAPS.values()) + 10 * w + 2]
+    assert out["1,3"]["step"] == []
     printed = capsys.readouterr().out
-    assert "ends its step after the first warp" in printed and "c1/w3" in printed
+    assert "softmax(t)" in printed and "c1/w3" in printed
