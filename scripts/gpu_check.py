@@ -126,7 +126,8 @@ def main() -> int:
         tag = f"{shape.replace(',', 'x')}-{dtype or 'bf16'}"
         rc, text, secs = run([sys.executable, "scripts/trace.py", "--shape", shape, "--dtype", dtype or "bf16",
                               "--json", str(out / f"trace-{tag}.json")], out / f"trace-{tag}.log", timeout=180)
-        cells = {line[:28].strip(): line[28:].split() for line in text.splitlines() if len(line) > 28}
+        first_table = text.split("\neach warp", 1)[0]  # CTA 0's consumers; the per-warp table comes after
+        cells = {line[:28].strip(): line[28:].split() for line in first_table.splitlines() if len(line) > 28}
         step = cells.get("whole step", ["?"])[0]
         softmax = cells.get("softmax(t)", ["?"])[0]
         summary.append((f"trace {shape}", "OK" if rc == 0 else f"FAIL rc={rc}",
