@@ -7,10 +7,11 @@ event that lane passed, as
 
     bits 63..40  step (the key block t of its tile; the tile count for per-tile events)
     bits 39..32  event code (EVENTS)
-    bits 31..0   the SM's %clock when the thread got there
+    bits 31..0   %clock when the lane got there
 
-so differences of clocks on one row, or between rows of one CTA (one SM), are cycles. The writes are a few
-predicated stores per key block on one lane a warp; the traced kernel is otherwise the same kernel.
+so differences of clocks on one row are cycles. Between rows of one CTA (one SM) they are cycles give or take
+an offset per SM sub-partition (below). The writes are a few predicated stores per key block on one lane a warp;
+the traced kernel is otherwise the same kernel.
 
 `phases` turns one warp's events into the time each of its steps spent in each phase; `scripts/trace.py` runs a
 traced kernel on the GPU and prints them. Compare clocks across warps with care: on the H200, warps that leave
