@@ -58,16 +58,8 @@ def main(argv: list[str]) -> int:
           f"({100 * (traced_ms / plain_ms - 1):+.1f}%)")
     mma = 2 * 2 * 64 * spec.block_n * spec.head_dim / FLOPS_PER_SM_CYCLE  # QK + PV of one consumer, one block
     print(f"tensor pipe per consumer step at the dense rate: {mma:.0f} cycles (both consumers: {2 * mma:.0f})")
-    print(f"{'phase (median cycles)':28s}" + "".join(f"{f'cta{c}/c{w}':>10s}" for c in range(trace.TRACE_CTAS)
-                                                         for w in (0, 1)))
-    summary = {}
-    for c in range(trace.TRACE_CTAS):
-        for w in (0, 1):
-            summary[(c, w)] = trace.phases(rows[(c, w, 0)])
-    labels = dict(trace.STEP_PHASES)
-    for name in trace.PHASE_NAMES + ("step",):
-        cells = "".join(f"{trace.median(summary[key][name]):10.0f}" for key in summary)
-        print(f"{labels.get(name, 'whole step'):28s}{cells}")
+    summary = {(c, g): trace.phases(rows[(c, g, 0)]) for c in range(trace.TRACE_CTAS) for g in (0, 1)}
+    print_phases("phase (median cycles)", {f"cta{c}/c{g}": ph for (c, g), ph in summary.items()}, width=10)
     cells = "".join(f"{trace.median(trace.tiles(rows[key + (0,)])):10.0f}" for key in summary)
     print(f"{'tile (q_ready to q_ready)':28s}{cells}")
     cells = "".join(f"{len(summary[key]['step']):10d}" for key in summary)
@@ -83,8 +75,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def print_phases(title: str, columns: dict[str, dict[str, list[int]]], width: int) -> None:
+    """A table: one row per phase (and the whole step), one column of median cycles per named phases dict."""
+    labels = dict(trace.STEP_PHASES)
+    print(f"{title:28s}" + "".join(f"{name:>{width}s}" for name in columns))
+    for name in trace.PHASE_NAMES + ("step",):
+        cells = "".join(f"{trace.median(column[name]):{width}.0f}" for column in columns.values())
+        print(f"{labels.get(name, 'whole step'):28s}{cells}")
+
+
 def print_warps(rows) -> dict:
-    """Each consumer warp's phases, pooled over the traced CTAs: (consumer, warp) -> phase -> cycles per step.
+    """Each consumer warp's phases, pooled over the traced CTAs: "consumer,warp" -> phase -> cycles per step.
     Only differences within one warp's row: clocks of different warps do not compare (codegen/trace.py)."""
     pooled = {}
     for g in (0, 1):
@@ -93,12 +94,9 @@ def print_warps(rows) -> dict:
             for c in range(trace.TRACE_CTAS):
                 for name, cycles in trace.phases(rows[(c, g, w)]).items():
                     pooled[f"{g},{w}"][name] += cycles
-    labels = dict(trace.STEP_PHASES)
-    print(f"\n{'each warp, CTAs pooled (median)':28s}" + "".join(f"{'c%s/w%s' % tuple(k.split(',')):>9s}"
-                                                                  for k in pooled))
-    for name in trace.PHASE_NAMES + ("step",):
-        cells = "".join(f"{trace.median(pooled[key][name]):9.0f}" for key in pooled)
-        print(f"{labels.get(name, 'whole step'):28s}{cells}")
+    print()
+    print_phases("each warp, pooled over CTAs", {"c%s/w%s" % tuple(k.split(",")): v for k, v in pooled.items()},
+                 width=9)
     return pooled
 
 
