@@ -106,9 +106,25 @@ PREFETCH_Q_MAX_KEYS = 1024  # Plan.prefetch_next_q
 # scripts/ab.py --matrix varlen, bench/results/ab-20261130T0848Z-varlen-persistent.json): 1.948x -> 2.001x,
 # kv8 1.967x -> 2.020x, 16k 2.819x -> 2.909x padded cuDNN; non-causal 2.973x -> 2.974x, 4.576x -> 4.525x.
 def persistent_by_default(spec: KernelSpec) -> bool:
+    """Whether a spec with persistent=None runs persistent CTAs (the measurements above)."""
     if spec.head_dim > PERSISTENT_MAX_HEAD_DIM or spec.block_n < 128:
         return False
     return spec.varlen or (not spec.causal and spec.window[1] < 0)
+
+
+# The tile boundary of persistent kernels (KernelSpec.tile_overlap). v12 stored each tile's O under the next tile's
+# first QK and measured +1-2% at 4096 and 16384 keys (D=128), the seed unchanged. Re-measured with interleaved
+# timing on today's kernel (bench/LOG.md v17, scripts/ab.py, up to six runs): at D=128 the plain boundary is
+# faster up to 2048 keys (seed 1.021-1.023x -> 1.044-1.049x, (16,1024,32,128) +0-4%, (2,2048,32,128) +0.5%),
+# and the two are within each run's noise at 4096 (+0.4% on average) and 16384 keys (-0.4%). D=64 keeps the
+# overlap: (16,1024,32,64) 1.034-1.035x against 1.026-1.027x with the plain boundary.
+TILE_OVERLAP_MIN_KEYS = 2049  # from head_dim 128 (below it, at any length)
+TILE_OVERLAP_KEYS_FROM_HEAD_DIM = 128
+
+
+def tile_overlap_by_default(spec: KernelSpec) -> bool:
+    """Whether a spec with tile_overlap=None overlaps its tile boundary (where the plan can: Plan.tile_overlap)."""
+    return spec.head_dim < TILE_OVERLAP_KEYS_FROM_HEAD_DIM or spec.keys >= TILE_OVERLAP_MIN_KEYS
 
 
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
@@ -128,6 +144,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
                         kv_heads=spec.kv_heads or spec.heads, window=window)
     if spec.persistent is None:
         spec = spec.replace(persistent=persistent_by_default(spec))
+    if spec.tile_overlap is None:
+        spec = spec.replace(tile_overlap=tile_overlap_by_default(spec))
     if not spec.stages:
         deepest = PERSISTENT_MAX_STAGES if spec.persistent else MAX_STAGES
         fitting = [n for n in range(2, deepest + 1) if _fits(Plan(spec.replace(stages=n)))]
@@ -265,8 +283,6 @@ class Plan:
             return (min(tiles_m * self.spec.heads * batch, sms), 1, 1)
         return (tiles_m, self.spec.heads, batch)
 
-    # Measured (bench/LOG.md v12, same run, repeated): (1,16384,16,128) 1.016x -> 1.025x cuDNN, (4,4096,32,128)
-    # 1.023x -> 1.037-1.046x; the seed shape and D=64 unchanged within 1%.
     @property
     def tile_overlap(self) -> bool:
         """Whether a persistent kernel stores each tile's O under the next tile's first QK (KernelSpec.tile_overlap)."""
@@ -309,15 +325,17 @@ class Plan:
         s = self.spec
         return s.varlen or s.keys % (MMA_K if self.tail_n else s.block_n) != 0
 
-    # Measured (bench/LOG.md v14, same call, twice, flashgen ms): without the prefetch (16,1024,32,64) 0.3014 ->
+    # Measured with the tile overlap (bench/LOG.md v14, same call, twice, flashgen ms): without the prefetch (16,1024,32,64) 0.3014 ->
     # 0.3074 and (8,512,32,128) 0.066 -> 0.068 ms, the seed unchanged, but (4,4096,32,128) 1.741 -> 1.706-1.723
     # and (1,16384,16,128) 3.45-3.47 -> 3.340 ms. Prefetching the next tile's first K/V blocks as well cost the
     # seed 5% (2 blocks) to 33% (all 6): those prefetches share the TMA unit with the loads the consumers wait on.
     @property
     def prefetch_next_q(self) -> bool:
-        """Whether the persistent producer prefetches the next tile's Q to L2 during this tile (tile_overlap
-        only): where tiles are short (up to 1024 keys), the next Q's DRAM latency is a visible share of a tile."""
-        return self.tile_overlap and self.spec.keys <= PREFETCH_Q_MAX_KEYS
+        """Whether the persistent producer prefetches the next tile's Q to L2 during this tile (fixed lengths
+        without a window): where tiles are short (up to 1024 keys), the next Q's DRAM latency is a visible share of
+        a tile. With either tile boundary (v17: seed 1.045x -> 1.048x without the overlap, four runs)."""
+        s = self.spec
+        return bool(s.persistent and not s.varlen and self.window_bounds == (-1, -1) and s.keys <= PREFETCH_Q_MAX_KEYS)
 
     @property
     def o_vector_elems(self) -> int:

@@ -55,9 +55,9 @@ class KernelSpec:
     # None: codegen.plan decides (measured: on where every tile does the same work).
     persistent: bool | None = None
     # Persistent kernels whose tiles are alike (fixed lengths, no causal or local window): a tile's O is
-    # stored under the next tile's first QK, and up to 1024 keys the next tile's Q is prefetched to L2 during
-    # this one (Plan.prefetch_next_q). Off: the tile boundary of v7-v11 (kept to A/B against).
-    tile_overlap: bool = True
+    # stored under the next tile's first QK. Off: the tile boundary of v7-v11, where O is stored after the last
+    # PV. None: codegen.plan decides (measured: off at D=128 up to 2048 keys).
+    tile_overlap: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
@@ -98,7 +98,8 @@ class KernelSpec:
         _require(len(self.window) == 2 and all(isinstance(w, int) and -1 <= w < 2**31 for w in self.window),
                  f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
         _require(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
-        _require(isinstance(self.tile_overlap, bool), f"tile_overlap must be True or False, got {self.tile_overlap!r}")
+        _require(self.tile_overlap in (None, True, False),
+                 f"tile_overlap must be True, False or None (the default for the shape), got {self.tile_overlap!r}")
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(self.persistent in (None, True, False),
@@ -140,7 +141,7 @@ class KernelSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
-                + ("_persist" if self.persistent is True else "") + ("" if self.tile_overlap else "_noovl")
+                + ("_persist" if self.persistent is True else "") + ("_noovl" if self.persistent and self.tile_overlap is False else "")
                 + ("" if self.short_tail else "_fulltail")
                 + ("_trace" if self.trace else ""))
 

@@ -41,7 +41,7 @@ EVENTS = {
     "pv_done": 9,     # consumer: PV(t-1) complete
     "packed": 10,     # consumer: O rescaled and P(t) packed: step t ends
     "finished": 11,   # consumer: the tile's last PV is done and its rows normalized
-    "stored": 12,     # consumer: the previous tile's O stored
+    "stored": 12,     # consumer: a tile's O stored (with tile_overlap, the previous tile's, at step 0)
 }
 NAMES = {code: name for name, code in EVENTS.items()}
 

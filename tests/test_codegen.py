@@ -442,9 +442,28 @@ def test_every_key_block_compiles_with_a_part_tail(head_dim):
 
 def test_next_q_prefetch_only_for_short_tiles():
     """The next tile's Q goes to L2 ahead of time only up to 1024 keys (bench/LOG.md v14: it helps 512 and 1024,
-    costs 1.5-3.5% at 4096 and 16384)."""
+    costs 1.5-3.5% at 4096 and 16384), under either tile boundary (v17), and only in persistent fixed-length
+    kernels without a window."""
     for keys, expected in ((512, True), (1024, True), (4096, False)):
-        plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128))
-        assert plan.prefetch_next_q is expected
-        assert ("tma_prefetch_5d(&tmap_q" in render(plan).source) is expected
-    assert not make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=128, tile_overlap=False)).prefetch_next_q
+        for overlap in (True, False):
+            plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128, tile_overlap=overlap))
+            assert plan.tile_overlap is overlap
+            assert plan.prefetch_next_q is expected
+            assert render(plan).source.count("tma_prefetch_5d(&tmap_q") == (1 if expected else 0)
+    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
+        assert not make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=128, **other)).prefetch_next_q
+
+
+@pytest.mark.parametrize("head_dim, keys, overlap", [
+    (128, 1024, False), (128, 2048, False), (128, 2049, True), (128, 4096, True), (128, 16384, True),
+    (64, 1024, True), (64, 512, True), (96, 1024, True),
+])
+def test_tile_boundary_default(head_dim, keys, overlap):
+    """tile_overlap=None takes the measured boundary (bench/LOG.md v17): at D=128 O is stored after the last PV up
+    to 2048 keys and under the next tile's first QK beyond; below D=128 always under the next QK. An explicit
+    value wins, and the kernel's name says when the overlap is off."""
+    spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim))
+    assert spec.tile_overlap is overlap and make_plan(spec).tile_overlap is overlap
+    assert spec.name.endswith("_persist" if overlap else "_persist_noovl")
+    forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap))
+    assert make_plan(forced).tile_overlap is (not overlap)
