@@ -123,7 +123,10 @@ TILE_OVERLAP_KEYS_FROM_HEAD_DIM = 128
 
 
 def tile_overlap_by_default(spec: KernelSpec) -> bool:
-    """Whether a spec with tile_overlap=None overlaps its tile boundary (where the plan can: Plan.tile_overlap)."""
+    """Whether a spec with tile_overlap=None overlaps its tile boundary. Where the plan cannot (Plan.tile_overlap:
+    varlen, a mask bound, one CTA per tile) the answer is True, which changes nothing and keeps the name plain."""
+    if not spec.persistent or spec.varlen or spec.causal or spec.window != (-1, -1):
+        return True
     return spec.head_dim < TILE_OVERLAP_KEYS_FROM_HEAD_DIM or spec.keys >= TILE_OVERLAP_MIN_KEYS
 
 

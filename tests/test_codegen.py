@@ -467,3 +467,7 @@ def test_tile_boundary_default(head_dim, keys, overlap):
     assert spec.name.endswith("_persist" if overlap else "_persist_noovl")
     forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap))
     assert make_plan(forced).tile_overlap is (not overlap)
+    # Where no overlap is possible the default changes nothing, and the name stays plain.
+    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
+        spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, **other))
+        assert not make_plan(spec).tile_overlap and "_noovl" not in spec.name
