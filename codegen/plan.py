@@ -48,14 +48,20 @@ from .spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec,
 #     0.0606-0.0611 -> 0.0599-0.0604, (2,1536,32,128) 0.1243-0.1252 -> 0.1201-0.1205; (16,1024,32,128) swung
 #     0.42-0.47 ms in both. At 512 keys 176 lost (8 x 512: 0.978x vs 1.017x cuDNN,
 #     ab-20261130T1125Z-block_n-short-keys.json).
+#   D=64 from 1024 keys and D=256 from 4096, non-causal (v17, with interleaved timing, scripts/ab.py, two runs,
+#     bench/results/ab-20261130T1630Z-knob-sweep.json): (16,1024,32,64) block_n 192 1.042x/1.044x against 128
+#     1.033x/1.035x (176 1.040x/1.042x, 144 0.981x/0.983x); (2,4096,16,256) block_n 80 1.046x/1.136x against
+#     64 1.036x/1.092x. Other lengths are not measured and keep the narrow block.
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
-WIDE_BLOCK_N, WIDE_BLOCK_MIN_KEYS = 176, 1024
+# head_dim -> (block_n, from how many keys) for dense attention (no causal or window bound, fixed lengths).
+WIDE_BLOCK_N = {64: (192, 1024), 128: (176, 1024), 256: (80, 4096)}
 
 
 def default_block_n(spec: KernelSpec) -> int:
     dense = not spec.causal and not spec.varlen and spec.window == (-1, -1)
-    if spec.head_dim == 128 and dense and spec.keys >= WIDE_BLOCK_MIN_KEYS:
-        return WIDE_BLOCK_N
+    wide, min_keys = WIDE_BLOCK_N.get(spec.head_dim, (0, 0))
+    if wide and dense and spec.keys >= min_keys:
+        return wide
     return DEFAULT_BLOCK_N[spec.head_dim]
 
 

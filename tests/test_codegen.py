@@ -84,14 +84,24 @@ def test_resolve_fills_defaults_and_checks_the_split():
         resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, pv_split=(96, 32)))
 
 
-def test_long_unmasked_d128_takes_the_wide_key_block():
+def test_long_unmasked_attention_takes_the_wide_key_block():
     wide = resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128))
     assert (wide.block_n, wide.pv_split, wide.stages) == (176, (144, 32), 2)
     assert resolve(KernelSpec(seq_len=1024, heads=16, head_dim=128)).block_n == 176  # 5 x 176 + a short tail
     assert resolve(KernelSpec(seq_len=512, heads=16, head_dim=128)).block_n == 128  # short keys
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, causal=True)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, varlen=True)).block_n == 128
-    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=64)).block_n == 128
+    # D=64 from 1024 keys, D=256 from 4096 (v17); the other head dims and lengths keep their narrow block.
+    d64 = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=64))
+    assert (d64.block_n, d64.pv_split, d64.stages) == (192, (160, 32), 3)
+    assert resolve(KernelSpec(seq_len=512, heads=16, head_dim=64)).block_n == 128
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=64, causal=True)).block_n == 128
+    d256 = resolve(KernelSpec(seq_len=4096, heads=16, head_dim=256))
+    assert (d256.block_n, d256.pv_split, d256.stages) == (80, (48, 32), 2)
+    assert resolve(KernelSpec(seq_len=2048, heads=16, head_dim=256)).block_n == 64
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=256, causal=True)).block_n == 64
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=96)).block_n == 128
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=192)).block_n == 64
     # An explicit split keeps its own key block.
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, pv_split=(64, 64))).block_n == 128
 
