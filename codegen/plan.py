@@ -124,8 +124,7 @@ def persistent_by_default(spec: KernelSpec) -> bool:
 # faster up to 2048 keys (seed 1.021-1.023x -> 1.044-1.049x, (16,1024,32,128) +0-4%, (2,2048,32,128) +0.5%),
 # and the two are within each run's noise at 4096 (+0.4% on average) and 16384 keys (-0.4%). D=64 keeps the
 # overlap: (16,1024,32,64) 1.034-1.035x against 1.026-1.027x with the plain boundary.
-TILE_OVERLAP_MIN_KEYS = 2049  # from head_dim 128 (below it, at any length)
-TILE_OVERLAP_KEYS_FROM_HEAD_DIM = 128
+PLAIN_BOUNDARY_MIN_HEAD_DIM, PLAIN_BOUNDARY_MAX_KEYS = 128, 2048
 
 
 def tile_overlap_by_default(spec: KernelSpec) -> bool:
@@ -133,7 +132,7 @@ def tile_overlap_by_default(spec: KernelSpec) -> bool:
     varlen, a mask bound, one CTA per tile) the answer is True, which changes nothing and keeps the name plain."""
     if not spec.persistent or spec.varlen or spec.causal or spec.window != (-1, -1):
         return True
-    return spec.head_dim < TILE_OVERLAP_KEYS_FROM_HEAD_DIM or spec.keys >= TILE_OVERLAP_MIN_KEYS
+    return not (spec.head_dim >= PLAIN_BOUNDARY_MIN_HEAD_DIM and spec.keys <= PLAIN_BOUNDARY_MAX_KEYS)
 
 
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
@@ -334,15 +333,17 @@ class Plan:
         s = self.spec
         return s.varlen or s.keys % (MMA_K if self.tail_n else s.block_n) != 0
 
-    # Measured with the tile overlap (bench/LOG.md v14, same call, twice, flashgen ms): without the prefetch (16,1024,32,64) 0.3014 ->
-    # 0.3074 and (8,512,32,128) 0.066 -> 0.068 ms, the seed unchanged, but (4,4096,32,128) 1.741 -> 1.706-1.723
-    # and (1,16384,16,128) 3.45-3.47 -> 3.340 ms. Prefetching the next tile's first K/V blocks as well cost the
-    # seed 5% (2 blocks) to 33% (all 6): those prefetches share the TMA unit with the loads the consumers wait on.
+    # Measured with the tile overlap (bench/LOG.md v14, same call, twice, flashgen ms): without the prefetch
+    # (16,1024,32,64) 0.3014 -> 0.3074 and (8,512,32,128) 0.066 -> 0.068 ms, the seed unchanged, but
+    # (4,4096,32,128) 1.741 -> 1.706-1.723 and (1,16384,16,128) 3.45-3.47 -> 3.340 ms. Prefetching the next
+    # tile's first K/V blocks as well cost the seed 5% (2 blocks) to 33% (all 6): those prefetches share the TMA
+    # unit with the loads the consumers wait on.
     @property
     def prefetch_next_q(self) -> bool:
         """Whether the persistent producer prefetches the next tile's Q to L2 during this tile (fixed lengths
         without a window): where tiles are short (up to 1024 keys), the next Q's DRAM latency is a visible share of
-        a tile. With either tile boundary (v17: seed 1.045x -> 1.048x without the overlap, four runs)."""
+        a tile. With either tile boundary (v17, the plain one, two runs each: the seed in f16 1.045-1.046x ->
+        1.048-1.049x cuDNN with the prefetch, in bf16 1.044x -> 1.048-1.051x)."""
         s = self.spec
         return bool(s.persistent and not s.varlen and self.window_bounds == (-1, -1) and s.keys <= PREFETCH_Q_MAX_KEYS)
 

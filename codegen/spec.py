@@ -141,7 +141,7 @@ class KernelSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
-                + ("_persist" if self.persistent is True else "") + ("" if self.tile_overlap is not False else "_noovl")
+                + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
                 + ("" if self.short_tail else "_fulltail")
                 + ("_trace" if self.trace else ""))
 
