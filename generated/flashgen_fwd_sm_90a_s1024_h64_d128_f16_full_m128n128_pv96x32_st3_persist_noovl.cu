@@ -8,6 +8,8 @@
 //                 chunks of 96+32 keys; O is normalized, staged in shared memory and stored by TMA.
 //   pipeline     QK^T of key block j and PV of block j-1 go to the tensor cores together, and the softmax of
 //                 block j runs under PV(j-1); the two consumers take turns issuing (ping-pong).
+//   tiles        a tile's O is stored after its last PV; the next
+//                 tile's Q is prefetched to L2 during this one.
 // Every shared-memory layout number below (tile sizes, wgmma descriptors, the O staging formula, TMA
 // coordinates) comes from layouts/, derived and verified before rendering.
 

@@ -475,6 +475,8 @@ def test_tile_boundary_default(head_dim, keys, overlap):
     spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim))
     assert spec.tile_overlap is overlap and make_plan(spec).tile_overlap is overlap
     assert spec.name.endswith("_persist" if overlap else "_persist_noovl")
+    header = render(make_plan(spec)).source.split("// Every shared-memory layout number", 1)[0]
+    assert ("stored while the next tile's first QK^T runs" if overlap else "stored after its last PV") in header
     forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap))
     assert make_plan(forced).tile_overlap is (not overlap)
     # Where no overlap is possible the default changes nothing, and the name stays plain.
