@@ -966,3 +966,65 @@ def test_bench_one_small_varlen_shape_on_the_gpu(causal):
         pytest.skip(f"flashgen's varlen API is not in this tree: {splits[0].skipped}")
     assert rows["flashgen"].ok and rows["flashgen"].rel_err < 2e-3, [r.error or r.skipped for r in splits]
     assert rows["flashgen"].ratio_to_cudnn > 0
+
+
+def _target_rows(seed, five, **extra):
+    """Result rows as `gen.py bench --matrix default` writes them: a flashgen row per case, with decoys."""
+    from codegen.bench import targets
+
+    rows = []
+    for shape, ratio in [(targets.SEED, seed)] + list(zip(targets.BF16_FIVE, five)):
+        b, s, h, d, dtype, causal = shape
+        base = dict(B=b, S=s, H=h, H_kv=h, D=d, dtype=dtype, causal=causal, varlen=False, **extra)
+        rows.append(dict(base, impl="flashgen", ratio_to_cudnn=ratio))
+        rows.append(dict(base, impl="flashgen[96+32]", ratio_to_cudnn=0.5))  # a split row is not the verdict
+        rows.append(dict(base, impl="cudnn", ratio_to_cudnn=1.0))
+        rows.append(dict(base, impl="flashgen", H_kv=h // 2 or 1, ratio_to_cudnn=0.1))  # another problem (GQA)
+    return rows
+
+
+def test_targets_are_judged_per_run():
+    from codegen.bench import targets
+
+    met = targets.run_targets(_target_rows(1.12, [1.10, 1.02, 1.05, 1.06, 1.03]), "a")
+    assert met.seed == 1.12 and met.seed_met
+    assert met.five == (1.10, 1.02, 1.05, 1.06, 1.03) and met.five_min == 1.02
+    assert math.isclose(met.five_geomean, math.prod(met.five) ** 0.2) and met.five_geomean >= 1.05 and met.five_met
+    # The geomean is not enough when one shape falls below 0.95x, nor the shapes when the mean misses.
+    assert not targets.run_targets(_target_rows(1.0, [1.30, 1.30, 1.30, 1.30, 0.94])).five_met
+    assert not targets.run_targets(_target_rows(1.0, [1.04] * 5)).five_met
+    assert not targets.run_targets(_target_rows(1.0999, [1.1] * 5)).seed_met
+    # A missing or failed shape (no ratio) meets nothing.
+    failed = targets.run_targets(_target_rows(None, [1.2, 1.2, None, 1.2, 1.2]))
+    assert failed.five_geomean is None and not failed.five_met and not failed.seed_met
+
+
+def test_targets_table_spreads_over_runs(tmp_path):
+    from codegen.bench import targets
+
+    for stamp, five in (("20261130T000001Z", [1.06] * 5), ("20261130T000002Z", [1.04] * 5),
+                        ("20261130T000003Z", [1.08] * 5)):
+        (tmp_path / f"nvidia-h200-{stamp}.json").write_text(json.dumps(_target_rows(1.05, five)))
+    (tmp_path / "h200-latest.json").write_text(json.dumps(_target_rows(2.0, [2.0] * 5)))  # a copy: not a run
+    runs = targets.load_runs([tmp_path])
+    assert [r.source for r in runs] == ["20261130T000001Z", "20261130T000002Z", "20261130T000003Z"]
+    table = {row[0]: row[1:] for row in targets.runs_table(runs)}
+    assert table["bf16 five: geomean"] == ["1.060x", "1.040x", "1.080x", "1.060x (1.040-1.080)"]
+    assert table["five >= 1.05x, none < 0.95x"] == ["met", "no", "met", "2 of 3 runs"]
+    assert table["seed >= 1.10x"][-1] == "0 of 3 runs"
+    assert targets.verdict(runs) == ("seed 1.050x median (>= 1.10x in 0 of 3 runs); "
+                                     "bf16 five 1.060x median (met in 2 of 3 runs)")
+    (tmp_path / "odd.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a benchmark result file"):
+        targets.load_runs([tmp_path / "odd.json"])
+
+
+def test_targets_read_a_committed_run():
+    """The run of bench/LOG.md v17b's table, read back: what the closing note quoted."""
+    from codegen.bench import targets
+
+    path = bench.ROOT / "bench" / "results" / "nvidia-h200-20261130T163017Z.json"
+    (run,) = targets.load_runs([path])
+    assert round(run.seed, 3) == 1.049
+    assert [round(r, 3) for r in run.five] == [1.037, 1.038, 1.043, 1.144, 1.019]
+    assert round(run.five_geomean, 3) == 1.055 and run.five_met and not run.seed_met
