@@ -1028,3 +1028,23 @@ def test_targets_read_a_committed_run():
     assert round(run.seed, 3) == 1.049
     assert [round(r, 3) for r in run.five] == [1.037, 1.038, 1.043, 1.144, 1.019]
     assert round(run.five_geomean, 3) == 1.055 and run.five_met and not run.seed_met
+
+
+def test_gpu_check_ends_with_the_targets_over_its_default_runs(tmp_path, monkeypatch):
+    """scripts/gpu_check.py's last step reads every default run it made (here two committed ones stand in for
+    them; one run asks for no extra bench calls) through scripts/targets.py, and says it in the summary line."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("gpu_check", bench.ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    results = tmp_path / "results"
+    results.mkdir()
+    for stamp in ("20261130T162839Z", "20261130T163017Z"):
+        shutil.copy(bench.ROOT / "bench" / "results" / f"nvidia-h200-{stamp}.json", results)
+    shutil.copy(results / "nvidia-h200-20261130T163017Z.json", results / "h200-latest.json")
+    name, status, detail, _ = gpu_check.default_repeats(1, results, tmp_path)
+    assert (name, status) == ("targets", "OK")
+    assert detail == "seed 1.049x median (>= 1.10x in 0 of 2 runs); bf16 five 1.048x median (met in 1 of 2 runs)"
+    assert "20261130T162839Z" in (tmp_path / "targets.log").read_text()
