@@ -127,10 +127,16 @@ def persistent_by_default(spec: KernelSpec) -> bool:
 PLAIN_BOUNDARY_MIN_HEAD_DIM, PLAIN_BOUNDARY_MAX_KEYS = 128, 2048
 
 
+def alike_tiles(spec: KernelSpec) -> bool:
+    """Whether a persistent kernel's tiles all do the same work (fixed lengths, no causal or window bound): where
+    the tile boundary can overlap and the next tile's Q can be prefetched."""
+    return bool(spec.persistent and not spec.varlen and not spec.causal and spec.window == (-1, -1))
+
+
 def tile_overlap_by_default(spec: KernelSpec) -> bool:
-    """Whether a spec with tile_overlap=None overlaps its tile boundary. Where the plan cannot (Plan.tile_overlap:
-    varlen, a mask bound, one CTA per tile) the answer is True, which changes nothing and keeps the name plain."""
-    if not spec.persistent or spec.varlen or spec.causal or spec.window != (-1, -1):
+    """Whether a spec with tile_overlap=None overlaps its tile boundary. Where the plan cannot (tiles not alike)
+    the answer is True, which changes nothing and keeps the name plain."""
+    if not alike_tiles(spec):
         return True
     return not (spec.head_dim >= PLAIN_BOUNDARY_MIN_HEAD_DIM and spec.keys <= PLAIN_BOUNDARY_MAX_KEYS)
 
@@ -295,7 +301,7 @@ class Plan:
     def tile_overlap(self) -> bool:
         """Whether a persistent kernel stores each tile's O under the next tile's first QK (KernelSpec.tile_overlap)."""
         s = self.spec
-        return bool(s.persistent and s.tile_overlap and not s.varlen and self.window_bounds == (-1, -1))
+        return bool(s.tile_overlap and alike_tiles(s))
 
     # Short tail blocks, measured against short_tail=False in the same runs (bench/LOG.md v13, four runs):
     # (4,4096,32,128) (23 x 176 + 48 keys) 1.769 -> 1.734 ms on average, (1,16384,16,128) 3.419 -> 3.377 ms.
@@ -344,8 +350,7 @@ class Plan:
         without a window): where tiles are short (up to 1024 keys), the next Q's DRAM latency is a visible share of
         a tile. With either tile boundary (v17, the plain one, two runs each: the seed in f16 1.045-1.046x ->
         1.048-1.049x cuDNN with the prefetch, in bf16 1.044x -> 1.048-1.051x)."""
-        s = self.spec
-        return bool(s.persistent and not s.varlen and self.window_bounds == (-1, -1) and s.keys <= PREFETCH_Q_MAX_KEYS)
+        return alike_tiles(self.spec) and self.spec.keys <= PREFETCH_Q_MAX_KEYS
 
     @property
     def o_vector_elems(self) -> int:

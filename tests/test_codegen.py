@@ -460,7 +460,8 @@ def test_next_q_prefetch_only_for_short_tiles():
             assert plan.tile_overlap is overlap
             assert plan.prefetch_next_q is expected
             assert render(plan).source.count("tma_prefetch_5d(&tmap_q") == (1 if expected else 0)
-    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
+    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True),
+                  dict(causal=True, persistent=True), dict(window=(256, -1), persistent=True)):
         assert not make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=128, **other)).prefetch_next_q
 
 
@@ -480,6 +481,7 @@ def test_tile_boundary_default(head_dim, keys, overlap):
     forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap))
     assert make_plan(forced).tile_overlap is (not overlap)
     # Where no overlap is possible the default changes nothing, and the name stays plain.
-    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
+    for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True),
+                  dict(causal=True, persistent=True), dict(window=(256, -1), persistent=True)):
         spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, **other))
         assert not make_plan(spec).tile_overlap and "_noovl" not in spec.name
