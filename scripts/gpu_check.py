@@ -3,7 +3,8 @@
 a table last.
 
     PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
-                                              [--trace 1,1024,64,128:f16] [--ncu 1,1024,64,128:f16]
+                                              [--trace 1,1024,64,128:f16] [--clocks 1,1024,64,128:f16]
+                                              [--ncu 1,1024,64,128:f16]
 
 Everything lands in $OUT (or ./gpu-check-out) as two files, because the device tool returns only a few:
 summary.txt (the table printed last) and logs.tgz (pytest, probe, export and bench logs, and each matrix's
@@ -68,6 +69,27 @@ def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path) -> tupl
     return ("targets", status, last, time.time() - t0)
 
 
+def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
+    """scripts/clocks.py at one shape: whether the clock is power-capped, and energy per call (a kernel's time
+    under the cap follows its energy, not its cycles)."""
+    shape, _, dtype = item.partition(":")
+    tag = f"{shape.replace(',', 'x')}-{dtype or 'bf16'}"
+    rc, text, secs = run([sys.executable, "scripts/clocks.py", "--shape", shape, "--dtype", dtype or "bf16",
+                          "--seconds", "1.0", "--json", str(out / f"clocks-{tag}.json")], out / f"clocks-{tag}.log",
+                         timeout=180)
+    print(text, flush=True)
+    detail = "(no rows)"
+    path = out / f"clocks-{tag}.json"
+    if rc == 0 and path.exists():
+        import json
+
+        rows = [r for r in json.loads(path.read_text())["rows"] if "sm_mhz" in r]
+        last = {r["impl"]: r for r in rows}  # the last round's row of each
+        detail = "; ".join(f"{name} {r['sm_mhz']:.0f} MHz {r['watts']:.0f} W {r['energy_mj']:.1f} mJ/call"
+                           f" ({', '.join(r['reasons']) or 'no limit'})" for name, r in last.items())
+    return (f"clocks {shape}", "OK" if rc == 0 else f"FAIL rc={rc}", detail, secs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-tests", action="store_true")
@@ -87,6 +109,9 @@ def main() -> int:
     parser.add_argument("--trace", action="append", default=None, metavar="B,S,H,D:DTYPE",
                         help="shapes for scripts/trace.py's cycles per pipeline phase (default: the seed's); "
                              "--trace none skips it")
+    parser.add_argument("--clocks", default="1,1024,64,128:f16", metavar="B,S,H,D:DTYPE",
+                        help="shape for scripts/clocks.py (SM clock, power and energy per call of cuDNN and "
+                             "flashgen under sustained load; default: the seed's); 'none' skips it")
     parser.add_argument("--ncu", action="append", default=[], metavar="B,S,H,D:DTYPE",
                         help="profile the default kernel of this shape with ncu (clocks left alone); repeatable")
     args = parser.parse_args()
@@ -164,6 +189,9 @@ def main() -> int:
         busy = [line.split()[-1] for line in text.splitlines() if line.strip().startswith("Compute (SM) Throughput")]
         summary.append((f"ncu {shape}", "OK" if rc == 0 and busy else f"FAIL rc={rc}",
                         f"compute (SM) throughput {busy[0] if busy else '?'}%", secs))
+
+    if args.clocks != "none":
+        summary.append(clock_step(args.clocks, out))
 
     if not args.skip_bench:
         for matrix in filter(None, args.matrices.split(",")):

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""SM clock, board power and energy per call while cuDNN and flashgen each run back to back (GPU machine).
+
+    PYTHONPATH=. python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
+                                           [--variant NAME:KNOB=VALUE,...] [--json FILE]
+
+Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
+20 ms (codegen/bench/clocks.py says why this matters: under the board's power cap, time follows energy per call,
+not cycles). Variants take scripts/ab.py's knobs; `base:` (flashgen's defaults) is always run. Reads clocks
+only: nothing on the GPU is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import sys
+import time
+
+from codegen import bench
+from codegen.bench import clocks
+from scripts.ab import flashgen_peer, parse_variant
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="1,1024,64,128", metavar="B,S,H,D")
+    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--seconds", type=float, default=1.5, help="each implementation's run, per round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    if args.seconds <= clocks.SETTLE_S:
+        parser.error(f"--seconds must exceed the {clocks.SETTLE_S} s the clock is given to settle")
+
+    import torch
+
+    case = bench.case_from(bench.parse_shape(args.shape), args.dtype, False)
+    torch.manual_seed(0)
+    inputs = bench.make_inputs(torch, case)
+    q, k, v = inputs.sets[0]
+    cudnn = bench.PEERS["cudnn"]
+    impls = {"cudnn": (cudnn.make(torch, inputs, case)[0], cudnn.context)}
+    for name, kwargs in [("flashgen", {})] + [parse_variant(v) for v in args.variant]:
+        impls[name] = (flashgen_peer(name, kwargs).make(torch, inputs, case)[0], lambda torch: contextlib.nullcontext())
+    flops = case.flops
+
+    windows = []
+    with clocks.Sampler() as sampler:
+        print(f"nvidia-smi fields: {','.join(sampler.query)}", flush=True)
+        for rnd in range(args.rounds):
+            for name, (call, context) in impls.items():
+                with context(torch):
+                    for _ in range(20):
+                        call()
+                    torch.cuda.synchronize()
+                    start, calls = time.time(), 0
+                    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    first.record()
+                    while time.time() - start < args.seconds:
+                        for _ in range(100):
+                            call()
+                        calls += 100
+                        torch.cuda.synchronize()
+                    last.record()
+                    torch.cuda.synchronize()
+                windows.append((rnd, clocks.Window(name, start, time.time(), first.elapsed_time(last) / calls, flops)))
+                time.sleep(0.3)
+    samples = sampler.samples()
+    rows = [dict(clocks.summarize(w, samples), round=rnd) for rnd, w in windows]
+    print(f"{case.label}: each implementation {args.seconds} s back to back, {args.rounds} rounds; "
+          f"{len(samples)} samples")
+    print(clocks.table(rows))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"case": case.label, "seconds": args.seconds,
+                                                       "query": list(sampler.query), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""codegen.bench.clocks: nvidia-smi samples parsed, reasons decoded, windows summarized (no GPU)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+
+import pytest
+
+from codegen.bench import clocks
+from codegen.bench.report import ROOT
+
+# Lines as nvidia-smi printed them on the H200 (bench/results/clocks/smi-20261130T1734Z-seed-sustained.csv).
+IDLE = "2026/11/30 17:34:26.830, 1980, 121.36, 0x0000000000000000"
+CAPPED = "2026/11/30 17:34:31.214, 1635, 642.10, 700.00, 0x0000000000000004"
+
+
+def stamp(text: str) -> float:
+    return datetime.datetime.strptime(text, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+
+
+def test_a_capped_sample_is_parsed_field_by_field():
+    s = clocks.parse_sample(CAPPED)
+    assert s == clocks.Sample(stamp("2026/11/30 17:34:31.214"), 1635.0, 642.10, 700.0, 0x4)
+    assert clocks.decode_reasons(s.reasons) == ("sw power cap",)
+
+
+def test_a_sample_without_the_limit_column_keeps_what_it_has():
+    s = clocks.parse_sample("2026/11/30 17:34:26.830, 1980, 121.36")
+    assert (s.sm_mhz, s.watts, s.limit_w, s.reasons) == (1980.0, 121.36, None, None)
+
+
+@pytest.mark.parametrize("line", ["timestamp, clocks.sm [MHz], power.draw [W]", "",
+                                  'Field "clocks_event_reasons.active" is not a valid field to query.',
+                                  "2026/11/30 17:34:26.830, [N/A], 121.36"])
+def test_lines_that_are_not_samples_are_skipped(line):
+    assert clocks.parse_sample(line) is None
+
+
+def test_reason_bits_are_named_and_unknown_bits_kept():
+    assert clocks.decode_reasons(0) == ()
+    assert clocks.decode_reasons(0x4 | 0x40) == ("sw power cap", "hw thermal slowdown")
+    assert clocks.decode_reasons(0x4 | 0x1000) == ("sw power cap", "0x1000")
+
+
+def test_a_window_takes_only_its_settled_samples():
+    t0 = 1000.0
+    samples = [clocks.Sample(t0 + 0.1, 1980, 300, 700, 0),        # before the clock settled: left out
+               clocks.Sample(t0 + 0.5, 1650, 640, 700, 0x4),
+               clocks.Sample(t0 + 0.7, 1640, 650, 700, 0x4),
+               clocks.Sample(t0 + 0.9, 1660, 630, 700, 0x8),
+               clocks.Sample(t0 + 2.0, 1980, 100, 700, 0x1)]      # after the window: left out
+    window = clocks.Window("flashgen", t0, t0 + 1.0, ms=0.0672, flops=34.36e9)
+    row = clocks.summarize(window, samples)
+    assert row["samples"] == 3
+    assert (row["sm_mhz"], row["watts"], row["limit_w"]) == (1650, 640, 700)
+    assert row["reasons"] == ["sw power cap", "hw slowdown"]
+    assert row["energy_mj"] == pytest.approx(640 * 0.0672)
+    assert row["tflops"] == pytest.approx(34.36e9 / 0.0672 / 1e9)
+    assert "sw power cap, hw slowdown" in clocks.table([dict(row, round=0)])
+
+
+def test_a_window_without_samples_says_so():
+    row = clocks.summarize(clocks.Window("cudnn", 0.0, 1.0, ms=0.07, flops=1e9), [])
+    assert row["samples"] == 0 and "sm_mhz" not in row
+    assert "(no samples)" in clocks.table([row])
+
+
+def test_the_script_refuses_a_run_shorter_than_the_settling_time():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "clocks.py"), "--seconds", "0.2"], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    assert proc.returncode == 2 and "--seconds must exceed" in proc.stderr
+
+
+def test_gpu_check_sums_up_the_last_round_of_each_implementation(tmp_path, monkeypatch):
+    """scripts/gpu_check.py's clock step: one line with each implementation's clock, power and energy per call
+    from the last round (the first round's clock is still moving)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    row = dict(samples=40, limit_w=700.0, reasons=["sw power cap"])
+    rows = [dict(row, impl="cudnn", round=0, sm_mhz=1800.0, watts=600.0, energy_mj=42.6),
+            dict(row, impl="flashgen", round=0, sm_mhz=1750.0, watts=610.0, energy_mj=41.0),
+            dict(row, impl="cudnn", round=1, sm_mhz=1695.0, watts=636.0, energy_mj=45.2),
+            dict(row, impl="flashgen", round=1, sm_mhz=1635.0, watts=642.0, energy_mj=43.1, reasons=[])]
+    commands = []
+
+    def fake_run(cmd, log, timeout):
+        commands.append(cmd)
+        (tmp_path / "clocks-1x1024x64x128-f16.json").write_text(json.dumps({"rows": rows}))
+        return 0, "table", 12.0
+
+    monkeypatch.setattr(gpu_check, "run", fake_run)
+    name, status, detail, _ = gpu_check.clock_step("1,1024,64,128:f16", tmp_path)
+    assert (name, status) == ("clocks 1,1024,64,128", "OK")
+    assert detail == ("cudnn 1695 MHz 636 W 45.2 mJ/call (sw power cap); "
+                      "flashgen 1635 MHz 642 W 43.1 mJ/call (no limit)")
+    assert commands[0][1:6] == ["scripts/clocks.py", "--shape", "1,1024,64,128", "--dtype", "f16"]
