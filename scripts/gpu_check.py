@@ -75,7 +75,7 @@ def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
     shape, _, dtype = item.partition(":")
     tag = f"{shape.replace(',', 'x')}-{dtype or 'bf16'}"
     rc, text, secs = run([sys.executable, "scripts/clocks.py", "--shape", shape, "--dtype", dtype or "bf16",
-                          "--seconds", "1.0", "--json", str(out / f"clocks-{tag}.json")], out / f"clocks-{tag}.log",
+                          "--seconds", "1.5", "--json", str(out / f"clocks-{tag}.json")], out / f"clocks-{tag}.log",
                          timeout=180)
     print(text, flush=True)
     detail = "(no rows)"

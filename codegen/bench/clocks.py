@@ -33,12 +33,13 @@ REASONS = {
     0x80: "hw power brake",
     0x100: "display clocks setting",
 }
-# Queries to try in order: older drivers name the last field clocks_throttle_reasons, some lack both.
-QUERIES = (
-    ("timestamp", "clocks.sm", "power.draw", "enforced.power.limit", "clocks_event_reasons.active"),
-    ("timestamp", "clocks.sm", "power.draw", "enforced.power.limit", "clocks_throttle_reasons.active"),
-    ("timestamp", "clocks.sm", "power.draw"),
-)
+# Queries to try in order. power.draw is a one-second average on Ampere and later (NVML's nvmlDeviceGetPowerUsage),
+# which lags a load that changes every second or two; power.draw.instant does not, where the driver has it.
+# Older drivers name the last field clocks_throttle_reasons.
+QUERIES = tuple((("timestamp", "clocks.sm", power) + rest)
+                for power in ("power.draw.instant", "power.draw")
+                for rest in (("enforced.power.limit", "clocks_event_reasons.active"),
+                             ("enforced.power.limit", "clocks_throttle_reasons.active"), ()))
 SAMPLE_MS = 20
 SETTLE_S = 0.3  # the start of each window is left out: the clock moves when the load changes
 
