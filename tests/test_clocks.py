@@ -101,3 +101,34 @@ def test_gpu_check_sums_up_the_last_round_of_each_implementation(tmp_path, monke
     assert detail == ("cudnn 1695 MHz 636 W 45.2 mJ/call (sw power cap); "
                       "flashgen 1635 MHz 642 W 43.1 mJ/call (no limit)")
     assert commands[0][1:6] == ["scripts/clocks.py", "--shape", "1,1024,64,128", "--dtype", "f16"]
+
+
+FAKE_SMI = """#!/bin/sh
+# A stand-in for nvidia-smi: no power.draw.instant field (an older driver), samples for the averaged one.
+case "$1" in
+  *power.draw.instant*) echo 'Field "power.draw.instant" is not a valid field to query.'; exit 2 ;;
+esac
+while true; do
+  echo "$(date +'%Y/%m/%d %H:%M:%S.000'), 1650, 640.00, 700.00, 0x0000000000000004"
+  sleep 0.02
+done
+"""
+
+
+def test_the_sampler_falls_back_to_a_query_the_driver_takes(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with clocks.Sampler() as sampler:
+        assert sampler.query == ("timestamp", "clocks.sm", "power.draw", "enforced.power.limit",
+                                 "clocks_event_reasons.active")
+    samples = sampler.samples()
+    assert samples and {(s.sm_mhz, s.watts, s.limit_w, s.reasons) for s in samples} == {(1650.0, 640.0, 700.0, 0x4)}
+
+
+def test_the_sampler_says_when_there_is_no_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="cannot run nvidia-smi"):
+        with clocks.Sampler():
+            pass

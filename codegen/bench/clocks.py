@@ -126,9 +126,13 @@ class Sampler:
     def __enter__(self) -> "Sampler":
         for query in QUERIES:
             self._file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-            self._proc = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits",
-                 "-lms", str(self.period_ms)], stdout=self._file, stderr=subprocess.STDOUT, text=True)
+            try:
+                self._proc = subprocess.Popen(
+                    ["nvidia-smi", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits",
+                     "-lms", str(self.period_ms)], stdout=self._file, stderr=subprocess.STDOUT, text=True)
+            except OSError as e:
+                self._stop()
+                raise RuntimeError(f"cannot run nvidia-smi to sample the clock: {e}") from None
             deadline = time.time() + 3.0
             while time.time() < deadline and self._proc.poll() is None and not self._read():
                 time.sleep(0.05)
