@@ -15,6 +15,7 @@ own python3 with torch; nothing is installed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -81,8 +82,6 @@ def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
     detail = "(no rows)"
     path = out / f"clocks-{tag}.json"
     if rc == 0 and path.exists():
-        import json
-
         rows = [r for r in json.loads(path.read_text())["rows"] if "sm_mhz" in r]
         last = {r["impl"]: r for r in rows}  # the last round's row of each
         detail = "; ".join(f"{name} {r['sm_mhz']:.0f} MHz {r['watts']:.0f} W {r['energy_mj']:.1f} mJ/call"
