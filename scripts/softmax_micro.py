@@ -11,11 +11,10 @@ what was compiled. bench/LOG.md v18b reads the numbers: the exponentials are MUF
 (8 cycles per warp instruction, 704 cycles a block), the max is a ~280-cycle dependent chain before them.
 The kernel's code is in templates/fwd_sm90a.cu.j2 (softmax_block); this copy is only for timing.
 """
-import numpy as np
 import torch
 from codegen.nvrtc import compile_cuda
 from codegen.sass import disassemble, opcode_counts
-from cuda.bindings import driver as cu
+from codegen import driver
 
 N = 176  # block_n
 COLS = N // 2
@@ -105,33 +104,28 @@ VARIANTS = {
 
 def main():
     dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     inp = torch.randn(4096, device=dev)
     iters = 200
-    rows = []
     for name, defs in VARIANTS.items():
         src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + f"#define COLS {COLS}\n" + SRC
         r = compile_cuda(src, arch="sm_90a", name="micro.cu", use_cache=False)
         ops = opcode_counts(disassemble(r.cubin))
-        mod = cu.cuModuleLoadData(r.cubin)[1]
-        fn = cu.cuModuleGetFunction(mod, b"k")[1]
-        line = [name, r.registers]
-        for warps_per_smsp in (1, 2):
+        kernel = driver.load(r.cubin, "k", 0, dev.index or 0)
+        cycles = []
+        for warps_per_smsp in (1, 2):  # one CTA per SM: 4 or 8 warps, one or two on each sub-partition
             threads = 128 * warps_per_smsp
-            out = torch.empty(132 * threads, dtype=torch.int32, device=dev)
-            cyc = torch.zeros(132 * 16, dtype=torch.int64, device=dev)
-            args = [np.array([inp.data_ptr()], dtype=np.uint64), np.array([out.data_ptr()], dtype=np.uint64),
-                    np.array([cyc.data_ptr()], dtype=np.uint64), np.array([iters], dtype=np.int32),
-                    np.array([0.0883883], dtype=np.float32)]
-            ptrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-            for _ in range(2):
-                err, = cu.cuLaunchKernel(fn, 132, 1, 1, threads, 1, 1, 0, 0, ptrs.ctypes.data, 0)
-                assert err == 0, err
+            out = torch.empty(sms * threads, dtype=torch.int32, device=dev)
+            cyc = torch.zeros(sms * 16, dtype=torch.int64, device=dev)
+            args = driver.pack_args([inp.data_ptr(), out.data_ptr(), cyc.data_ptr(), driver.I32(iters), 0.0883883])
+            for _ in range(2):  # the second launch is the one read
+                driver.launch(kernel, (sms, 1, 1), threads, torch.cuda.current_stream().cuda_stream, args)
             torch.cuda.synchronize()
-            c = cyc.view(132, 16)[:, : threads // 32].float().mean().item() / iters
-            line.append(c)
-        line.append({k: ops.get(k, 0) for k in ("MUFU", "FMNMX", "FFMA", "FADD", "FMUL", "F2FP", "SHFL")})
-        rows.append(line)
-        print(f"{name:30s} regs {line[1]}  cycles/block/warp: 1 warp/SMSP {line[2]:7.0f}  2 warps {line[3]:7.0f}  {line[4]}", flush=True)
+            cycles.append(cyc.view(sms, 16)[:, : threads // 32].float().mean().item() / iters)
+        counts = {k: ops.get(k, 0) for k in ("MUFU", "FMNMX", "FFMA", "FADD", "FMUL", "F2FP", "SHFL")}
+        print(f"{name:30s} regs {r.registers}  cycles/block/warp: 1 warp/SMSP {cycles[0]:7.0f}  "
+              f"2 warps {cycles[1]:7.0f}  {counts}", flush=True)
+
 
 if __name__ == "__main__":
     main()
