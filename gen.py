@@ -20,6 +20,8 @@ import pathlib
 import sys
 import time
 
+from layouts.dtypes import DTYPE_NAMES
+
 ROOT = pathlib.Path(__file__).resolve().parent
 GENERATED = ROOT / "generated"
 # The kernels checked into generated/ (tests/test_codegen.py proves they are current): the seed shape with
@@ -39,7 +41,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "probe":
         return probe_main(argv[1:])
     if argv and argv[0] == "bench":
-        from codegen.bench import bench_main
+        from bench.cli import bench_main
         return bench_main(argv[1:])
     if argv and argv[0] == "canonical":
         return canonical_main(argv[1:])
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> int:
 def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None = None) -> None:
     parser.add_argument("--shape", required=default_shape is None, default=default_shape, metavar="S,H,D",
                         help="sequence length, heads, head dim")
-    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--split", default="", metavar="96,32", help="PV chunks in keys (default: per shape)")
     parser.add_argument("--arch", default="sm_90a")
@@ -68,7 +70,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
 
 
 def _spec_from(args):
-    from codegen.plan import resolve
+    from codegen.families import resolve
     from codegen.spec import KernelSpec, SpecError, parse_split
 
     try:
@@ -97,7 +99,7 @@ def emit(spec, out_dir: pathlib.Path, *, use_cache: bool = True):
 
 
 def generate_main(argv: list[str]) -> int:
-    from codegen.plan import CONSUMER_REGS, PRODUCER_REGS
+    from codegen.families.fwd_sm90.plan import CONSUMER_REGS, PRODUCER_REGS
     from codegen.spec import SpecError
     from layouts import LayoutError
 
@@ -193,7 +195,7 @@ def probe_main(argv: list[str]) -> int:
 
 def canonical_main(argv: list[str]) -> int:
     """Regenerate the kernels checked into generated/."""
-    from codegen.plan import resolve
+    from codegen.families import resolve
     from codegen.spec import KernelSpec
 
     for fields in CANONICAL:

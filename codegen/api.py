@@ -7,14 +7,14 @@ import math
 from dataclasses import dataclass
 
 from layouts import LayoutError
+from layouts.dtypes import BY_TORCH_NAME
 
 from . import build as _build
-from .plan import resolve
+from .families import resolve
+from .families.fwd_sm90.abi import LOG2E
 from .spec import KernelSpec, SpecError
 
-LOG2E = 1.4426950408889634
 LAYOUTS = ("bshd", "bhsd")
-_TORCH_DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 MAX_GRID_YZ = 65535
 
 
@@ -103,7 +103,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
 
     pv_split, block_n, stages, pingpong, persistent, tile_overlap and short_tail are the tuning knobs
     of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
-    measured choices of codegen.plan. With cu_seqlens (see `attention`) the sequence offsets are
+    measured choices of codegen.policy. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     import torch
@@ -124,7 +124,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     try:
         spec = resolve(KernelSpec(seq_len=shape.spec_seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
-                                  dtype=_TORCH_DTYPES[str(q.dtype).split(".")[-1]], pv_split=tuple(pv_split or ()),
+                                  dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, pv_split=tuple(pv_split or ()),
                                   block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.spec_seq_k,
                                   kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
                                   softcap=float(softcap), varlen=varlen, persistent=persistent, tile_overlap=tile_overlap,
@@ -145,7 +145,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
             raise InputError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     lse_shape = (shape.heads, shape.seq_q) if varlen else (shape.batch, shape.heads, shape.seq_q)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    maps = []
+    # The kernel's arguments by name; plan.abi orders, types and checks them (codegen/families/fwd_sm90/abi.py).
+    values = {"lse_out": lse.data_ptr(), "scale_log2": float(scale * LOG2E)}
     for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
         # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
@@ -155,11 +156,11 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
                 batch=1 if varlen else shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
         except LayoutError as e:  # a stride or extent the tensor memory accelerator cannot express
             raise InputError(f"{name}: {e}") from None
-        maps.append(driver.encode_tensor_map(params, tensor.data_ptr()))
-    runtime = [lse.data_ptr()]
+        values[f"tmap_{name}"] = driver.encode_tensor_map(params, tensor.data_ptr())
     if varlen:
         e = o.element_size()
-        runtime += [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), o.data_ptr(), o.stride(0) * e, o.stride(1) * e]
+        values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                      o_gmem=o.data_ptr(), o_row_bytes=o.stride(0) * e, o_head_bytes=o.stride(1) * e)
     max_seqlen = shape.max_seq_q if varlen else None
     sms = 0
     counter = None
@@ -168,8 +169,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
         # so two prepared calls may run at once on different streams (one call must not overlap itself).
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
-        runtime += [counter.data_ptr(), driver.I32(plan.tiles_m(max_seqlen)), driver.I32(shape.batch)]
-    args = driver.pack_args(maps + runtime + [float(scale * LOG2E)])
+        values.update(tile_counter=counter.data_ptr(), tiles_m=plan.tiles_m(max_seqlen), batches=shape.batch)
+    args = plan.abi.pack(values)
     try:
         grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
     except SpecError as e:
@@ -302,8 +303,9 @@ def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != rank:
             raise InputError(f"{name} must have rank {rank} ({dims}), got shape {tuple(t.shape)}")
-        if str(t.dtype).split(".")[-1] not in _TORCH_DTYPES:
-            raise InputError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
+        if str(t.dtype).split(".")[-1] not in BY_TORCH_NAME:
+            raise InputError(f"{name} has dtype {t.dtype}; supported: "
+                             + ", ".join(f"torch.{d}" for d in BY_TORCH_NAME))
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

@@ -1,41 +1,20 @@
-"""Spec -> plan -> rendered source -> NVRTC cubin, plus the manifest that describes how to launch it."""
+"""Spec -> family plan -> rendered source -> NVRTC cubin, plus the manifest that describes how to launch it."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+from . import families
 from .nvrtc import CompileResult, compile_cuda
-from .plan import Plan, make_plan
 from .render import RenderedKernel, render
 from .spec import KernelSpec
-
-# Order of the kernel's parameters; the manifest and every launcher follow it.
-ARGUMENTS = (
-    ("tmap_q", "CUtensorMap (by value, __grid_constant__)"),
-    ("tmap_k", "CUtensorMap (by value, __grid_constant__)"),
-    ("tmap_v", "CUtensorMap (by value, __grid_constant__)"),
-    ("tmap_o", "CUtensorMap (by value, __grid_constant__)"),
-    ("lse_out", "float* (B, H, S) contiguous, natural-log logsumexp of each row"),
-    ("scale_log2", "float: softmax scale * log2(e)"),
-)
-VARLEN_ARGUMENTS = (
-    ("cu_seqlens_q", "const int* (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])"),
-    ("cu_seqlens_k", "const int* (B + 1): the same for keys and values"),
-    ("o_gmem", "unsigned char*: o's base address, for tiles that end inside a sequence (stored without TMA)"),
-    ("o_row_bytes", "long long: o's stride between packed rows, in bytes"),
-    ("o_head_bytes", "long long: o's stride between heads, in bytes"),
-)
-PERSISTENT_ARGUMENTS = (
-    ("tile_counter", "int*: zero before the launch (the launch leaves it zero); CTAs take tiles from it"),
-    ("tiles_m", "int: query tiles per (head, sequence): ceil(S / block_m), or of max_seqlen_q when varlen"),
-    ("batches", "int: batch entries (sequences when varlen)"),
-)
 
 
 @dataclass(frozen=True)
 class BuiltKernel:
-    plan: Plan
+    plan: object  # the family's plan
+    family: families.Family
     rendered: RenderedKernel
     compiled: CompileResult
     render_seconds: float
@@ -60,7 +39,8 @@ class BuiltKernel:
             "grid": self.grid_description(),
             "block": [plan.threads, 1, 1],
             "dynamic_smem_bytes": plan.smem.total,
-            "arguments": [{"name": n, "type": t} for n, t in self.arguments()],
+            "family": self.family.name,
+            "arguments": plan.abi.manifest(),
             "tensor_maps": tensor_maps,
             "global_layout": self.global_layout(),
             "registers": self.compiled.registers.get(kernel),
@@ -70,14 +50,6 @@ class BuiltKernel:
             "nvrtc_version": ".".join(map(str, self.compiled.nvrtc_version)),
         }
 
-
-    def arguments(self) -> tuple[tuple[str, str], ...]:
-        """The kernel's parameters in order: maps, lse, [varlen], [persistent], the scale."""
-        lse = ARGUMENTS[4]
-        if self.spec.varlen:
-            lse = ("lse_out", "float* (H, total_q) contiguous, natural-log logsumexp of each packed row")
-        return (ARGUMENTS[:4] + (lse,) + (VARLEN_ARGUMENTS if self.spec.varlen else ())
-                + (PERSISTENT_ARGUMENTS if self.spec.persistent else ()) + ARGUMENTS[5:])
 
     def grid_description(self) -> dict:
         spec, plan = self.spec, self.plan
@@ -100,10 +72,13 @@ class BuiltKernel:
                 f"contiguous; lse: (B, {spec.heads}, {spec.seq_len}) float32")
 
 
-def build(spec: KernelSpec, *, probe: bool = False, use_cache: bool = True) -> BuiltKernel:
-    plan = make_plan(spec)
+def build(spec: KernelSpec, *, family: str | None = None, use_cache: bool = True) -> BuiltKernel:
+    """Resolve, plan, render and compile `spec`'s kernel in `family` (by name; default: the spec's own)."""
+    fam = families.get(family) if family else families.family_for(spec)
+    plan = fam.make_plan(fam.resolve(spec))
     t0 = time.perf_counter()
-    rendered = render(plan, probe=probe)
+    rendered = render(plan, fam)
     render_seconds = time.perf_counter() - t0
-    compiled = compile_cuda(rendered.source, arch=spec.arch, name=rendered.kernel_name + ".cu", use_cache=use_cache)
-    return BuiltKernel(plan, rendered, compiled, render_seconds)
+    compiled = compile_cuda(rendered.source, arch=plan.spec.arch, name=rendered.kernel_name + ".cu",
+                            use_cache=use_cache)
+    return BuiltKernel(plan, fam, rendered, compiled, render_seconds)

@@ -12,7 +12,9 @@ def torch_dtype(name: str):
     """The torch dtype of a KernelSpec dtype name ("f16", "bf16")."""
     import torch
 
-    return {"f16": torch.float16, "bf16": torch.bfloat16}[name]
+    from layouts.dtypes import DTYPES
+
+    return getattr(torch, DTYPES[name].torch)
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",

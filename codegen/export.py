@@ -13,13 +13,15 @@ import json
 import pathlib
 from dataclasses import dataclass
 
+from layouts.dtypes import DTYPES
 from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 from .build import BuiltKernel, build
+from .families import fwd_sm90
+from .families.fwd_sm90 import abi as fwd_abi
 from .render import environment
 from .spec import KernelSpec
 
-_DTYPE_C = {"f16": "__half", "bf16": "__nv_bfloat16"}
 # The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
 _EXAMPLE_TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
 
@@ -44,7 +46,9 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
                          "seq": plan.spec.keys if kv else plan.spec.seq_len,
                          "heads": plan.spec.kv_heads if kv else plan.spec.heads})
     context = {
-        "summary": plan.template_context()["summary"],
+        "summary": fwd_sm90.summary(plan),
+        "abi": plan.abi,
+        "log2e": repr(fwd_abi.LOG2E),
         "kernel_name": name,
         "launch_fn": f"{name}_launch",
         "seq_len": plan.spec.seq_len,
@@ -57,7 +61,7 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         "window_right": plan.window_bounds[1],
         "softcap_c": f"{float(plan.spec.softcap)!r}f",
         "dtype": plan.spec.dtype,
-        "dtype_c": _DTYPE_C[plan.spec.dtype],
+        "dtype_c": DTYPES[plan.spec.dtype].c,
         "elem_bytes": plan.spec.elem_bytes,
         "tma_dtype": TMA_DTYPE_NAMES[plan.spec.dtype],
         "operands": operands,

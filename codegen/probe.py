@@ -61,21 +61,27 @@ def probe_injections(spec: KernelSpec) -> list[tuple[str, dict]]:
     return star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
 
 
+def probe_spec(spec: KernelSpec) -> KernelSpec:
+    """The one-block spec whose probe checks `spec`'s tiles: one Q tile and one K/V block of its block_n."""
+    from . import families
+
+    s = families.resolve(spec)
+    seq = max(s.block_m, s.block_n)
+    return s.replace(seq_len=seq, seq_len_k=seq, kv_heads=s.heads)
+
+
 def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeReport:
     import torch
 
-    from . import driver
+    from . import driver, families
     from .build import build
     from .check import torch_dtype
-    from .plan import make_plan
 
-    plan = make_plan(spec)
-    s = plan.spec
+    s = families.resolve(spec)
     rows_q, bn, d = s.block_m, s.block_n, s.head_dim
     seq = max(rows_q, bn)
-    probe_spec = s.replace(seq_len=seq, seq_len_k=seq, kv_heads=s.heads, causal=False, window=(-1, -1), softcap=0.0)
-    plan = make_plan(probe_spec)
-    built = build(probe_spec, probe=True)
+    built = build(probe_spec(spec), family="probe_sm90")
+    plan = built.plan
     kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, plan.smem.total, device_index)
 
     injections = probe_injections(s)
@@ -103,15 +109,14 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
     s_out = torch.full((batch, rows_q, bn), float("nan"), device=dev)
     o_out = torch.full((batch, rows_q, d), float("nan"), device=dev)
     p_in = p.to(dev, torch.float32)
-    maps = []
+    values = {"p_in": p_in.data_ptr(), "s_out": s_out.data_ptr(), "o_out": o_out.data_ptr()}
     for name, t in (("q", tq), ("k", tk), ("v", tv), ("o", to)):
         params = getattr(plan, name).tensor_map.instantiate(
             batch=batch, seq_len=seq, heads=1, stride_b=t.stride(0), stride_s=t.stride(1), stride_h=d)
-        maps.append(driver.encode_tensor_map(params, t.data_ptr()))
+        values[f"tmap_{name}"] = driver.encode_tensor_map(params, t.data_ptr())
     stream = torch.cuda.current_stream(dev).cuda_stream
     grid = (1, 1, batch)
-    driver.launch(kernel, grid, plan.threads, stream,
-                  driver.pack_args(maps + [p_in.data_ptr(), s_out.data_ptr(), o_out.data_ptr(), 1.0]))
+    driver.launch(kernel, grid, plan.threads, stream, plan.abi.pack(values))
     torch.cuda.synchronize(dev)
     s_hw, o_hw = s_out.double().cpu(), o_out.double().cpu()
 
@@ -122,7 +127,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
         read = _locate(operand, b, s_hw, o_hw, q, k, v, p, rows_q, bn)
         if read != at:
             mismatches.append(ProbeMismatch(operand, at, read))
-    return ProbeReport(probe_spec, checked, tuple(mismatches))
+    return ProbeReport(plan.spec, checked, tuple(mismatches))
 
 
 def _locate(operand, b, s_hw, o_hw, q, k, v, p, rows_q, bn):

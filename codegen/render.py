@@ -1,4 +1,4 @@
-"""Render a Plan into CUDA source with Jinja2 (StrictUndefined: a missing plan value is an error)."""
+"""Render a family's plan into CUDA source with Jinja2 (StrictUndefined: a missing plan value is an error)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ from dataclasses import dataclass
 import jinja2
 
 from .cuda_env import templates_dir
-from .plan import Plan
-
-TEMPLATE_BY_ARCH = {"sm_90a": "fwd_sm90a.cu.j2"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,7 +32,11 @@ class RenderedKernel:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
 
-def render(plan: Plan, *, probe: bool = False) -> RenderedKernel:
-    template = environment().get_template(TEMPLATE_BY_ARCH[plan.spec.arch])
-    context = plan.template_context(probe=probe)
-    return RenderedKernel(kernel_name=context["kernel_name"], source=template.render(**context))
+def render(plan, family=None) -> RenderedKernel:
+    """The source of `plan`'s kernel in `family` (a codegen.families.Family; default: the spec's own)."""
+    from . import families
+
+    family = family or families.family_for(plan.spec)
+    context = family.context(plan)
+    source = environment().get_template(family.template).render(**context)
+    return RenderedKernel(kernel_name=context["kernel_name"], source=source)

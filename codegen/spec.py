@@ -11,9 +11,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from layouts.dtypes import DTYPES, HEAD_DIMS
+
 SUPPORTED_ARCHS = ("sm_90a",)
-SUPPORTED_DTYPES = {"f16": 2, "bf16": 2}
-SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+SUPPORTED_DTYPES = {name: d.bytes for name, d in DTYPES.items()}
+SUPPORTED_HEAD_DIMS = HEAD_DIMS
 # Keys per K/V tile: N of QK^T (at most 256 for wgmma) and K of PV, so whole 16-key MMA slices. Non-powers of
 # two (80, 96, 112, 144, ...) are stacked layouts, verified like the others.
 SUPPORTED_BLOCK_N = tuple(range(64, 257, 16))
@@ -40,9 +42,9 @@ class KernelSpec:
     causal: bool = False
     arch: str = "sm_90a"
     block_m: int = 128
-    block_n: int = 0  # 0: the per-head-dim default of codegen.plan
+    block_n: int = 0  # 0: the per-head-dim default of codegen.policy
     pv_split: tuple[int, ...] = ()  # () : the default split for this shape
-    stages: int = 0  # 0: as many K/V stages as shared memory holds, up to codegen.plan.MAX_STAGES
+    stages: int = 0  # 0: as many K/V stages as shared memory holds, up to codegen.policy's max_stages
     pingpong: bool = True  # the two consumer warpgroups take turns issuing MMAs
     seq_len_k: int = 0  # keys (and values); 0: the same as seq_len
     kv_heads: int = 0  # K/V heads, dividing heads (grouped-query; 1 is multi-query); 0: the same as heads
@@ -52,11 +54,11 @@ class KernelSpec:
     # are then the longest sequence the kernel accepts, not the length of every sequence.
     varlen: bool = False
     # One CTA per SM looping over query tiles, so a tile's epilogue overlaps the next tile's loads.
-    # None: codegen.plan decides (measured: on where every tile does the same work).
+    # None: codegen.policy decides (measured: on where every tile does the same work).
     persistent: bool | None = None
     # Persistent kernels whose tiles are alike (fixed lengths, no causal or local window): a tile's O is
     # stored under the next tile's first QK. Off: the tile boundary of v7-v11, where O is stored after the last
-    # PV. None: codegen.plan decides (measured: off at D=128 up to 2048 keys).
+    # PV. None: codegen.policy decides (measured: off at D=128 up to 2048 keys).
     tile_overlap: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
@@ -71,7 +73,7 @@ class KernelSpec:
         _require(isinstance(self.heads, int) and self.heads >= 1, f"heads must be a positive integer, got {self.heads!r}")
         _require(self.head_dim in SUPPORTED_HEAD_DIMS,
                  f"head_dim {self.head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
-        _require(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose f16 or bf16")
+        _require(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         _require(self.arch in SUPPORTED_ARCHS,
                  f"arch {self.arch!r} has no runnable kernel template; supported: {SUPPORTED_ARCHS} "
                  "(Blackwell layouts are derived and verified by `gen.py layout`, not emitted as kernels yet)")

@@ -5,9 +5,13 @@ Modules, one job each:
 
 * ``linear``   -- ``LinearLayout``: GF(2)-affine maps stored as basis images
 * ``stacked``  -- ``StackedLayout``: a linear block repeated at a byte stride (head dims of 3 swizzle atoms)
-* ``swizzle``  -- the 32/64/128-byte swizzles, in address bits
+* ``swizzle``  -- the 32/64/128-byte swizzles, in address bits, that build the tiles
+* ``hw_swizzle`` -- the same swizzles written again from the PTX ISA's tables, for the hardware models
+  only: a model sharing ``swizzle`` with the tiles it checks would agree with a wrong swizzle
 * ``tma``      -- cuTensorMapEncodeTiled limits and a model of where a TMA box lands in shared memory
+  (swizzled by ``hw_swizzle``)
 * ``mma``      -- wgmma / tcgen05 shared-memory descriptors and a model of which byte an MMA reads
+  (swizzled by ``hw_swizzle``)
 * ``cexpr``    -- safe parser/evaluator for C integer expressions
 * ``derive``   -- closed-form formulas (sympy and C) read off a layout
 * ``verify``   -- basis-vector and exhaustive comparison of two maps, seed-style reports

@@ -110,6 +110,7 @@ class FragmentC:
     col_c: str
     row_half_c: str  # over `i`: 0 or 1, which of a thread's two rows value i belongs to
     row_half_stride: int  # the register index step from a thread's first row to its second
+    row_lane_masks: tuple[int, ...]  # lane XOR masks that reach every lane holding the same rows (a row reduction)
 
 
 def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> str:
@@ -149,5 +150,7 @@ def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     if len(row_bits) != 1:
         raise LayoutError(f"expected one register bit to select a thread's row, found bits {row_bits}")
     (bit,) = row_bits
+    # Lanes whose index differs only in bits that move the column (never the row) hold the same rows.
+    lane_masks = tuple(1 << b for b, image in enumerate(acc.bases["lane"]) if not image["row"])
     return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names),
-                     row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit)
+                     row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit, row_lane_masks=lane_masks)

@@ -33,7 +33,9 @@ Read model. The operand is split into 8-row groups of "core matrices". With S th
   ``pre = start + (r*e % 16) + (k % 8) * 16 + (r*e // 16) * SBO + (k // 8) * LBO``
 
 The byte read is ``swizzle(pre)``: the swizzle acts on the address, so a start address moved by 32,
-64 or 96 bytes inside a 128-byte row (the next K slice of a K-major tile) stays correct. Base offset
+64 or 96 bytes inside a 128-byte row (the next K slice of a K-major tile) stays correct. That swizzle
+is ``hw_swizzle``'s, written from the PTX ISA's own description, not ``swizzle.Swizzle``, which builds
+the tiles this model checks: sharing it would let a wrong swizzle agree with itself. Base offset
 and the absolute-LBO mode are encoded and decoded but not modelled: the read model refuses them,
 because flashgen places every tile on its pattern boundary where the base offset is 0.
 """
@@ -43,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import LayoutError
-from .swizzle import Swizzle
+from .hw_swizzle import hw_swizzle
+from .swizzle import Swizzle  # names the descriptor's mode; the read model takes only its span
 
 DESCRIPTOR_KINDS = ("wgmma", "tcgen05")
 ARCH_DESCRIPTOR_KIND = {"sm_90a": "wgmma", "sm_100a": "tcgen05", "sm_103a": "tcgen05"}
@@ -180,4 +183,4 @@ def mma_read_byte(desc: SmemDescriptor, *, major: str, elem_bytes: int, row, k):
             pre = start + mb % 16 + (k % 8) * 16 + (mb // 16) * desc.sbo + (k // 8) * desc.lbo
     else:
         raise LayoutError(f"major-ness {major!r}: expected 'K' or 'MN'")
-    return desc.swizzle.apply(pre)
+    return hw_swizzle(span, pre)

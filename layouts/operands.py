@@ -32,6 +32,7 @@ import sympy
 
 from .cexpr import compile_c_expr
 from .derive import closed_form, to_c
+from .dtypes import DTYPES, HEAD_DIMS
 from .errors import LayoutError
 from .linear import LinearLayout
 from .mma import ARCH_DESCRIPTOR_KIND, MMA_K_BYTES, SmemDescriptor, check_footprint, mma_read_byte
@@ -42,8 +43,7 @@ from .verify import Mismatch, compare_maps
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 OPERANDS = ("q", "k", "v", "o")
-DTYPE_BYTES = {"f16": 2, "bf16": 2}
-HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPE_BYTES = {name: d.bytes for name, d in DTYPES.items()}
 MIN_BLOCK_ROWS, MAX_BLOCK_ROWS = 8, 256
 WGMMA_M = 64          # wgmma is always m64
 TCGEN05_MAX_M = 128   # cta_group::1 tcgen05.mma goes up to M = 128

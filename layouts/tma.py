@@ -8,7 +8,9 @@ flashgen never uses the interleaved (NC/8HWC8) layouts, so they are not modelled
 ``place_box`` is the model of what one ``cp.async.bulk.tensor`` load does with such a map: it walks
 the box innermost dimension first, packs the elements densely into shared memory in that order, and
 then applies the swizzle to the shared-memory byte address (a permutation of 16-byte chunks inside
-each span). It knows nothing about operands or formulas; derivations are checked against it.
+each span). It knows nothing about operands or formulas; derivations are checked against it. The
+swizzle is ``hw_swizzle``'s, written from the PTX ISA's "Swizzling Modes" tables, not ``swizzle.Swizzle``
+that builds the tiles: a model sharing the tiles' swizzle would agree with a wrong one.
 
 Requirements checked (CUDA Driver API, "Tensor Map Object Management", cuTensorMapEncodeTiled):
 tensorRank 1..5; globalAddress 16-byte aligned; globalDim non-zero and <= 2^32; globalStrides a
@@ -28,15 +30,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import DTYPES
 from .errors import LayoutError
-from .swizzle import Swizzle
+from .hw_swizzle import check_pattern_start, hw_swizzle
+from .swizzle import Swizzle  # only for the ``swizzle`` property other code reads; the model never calls it
 
 # CUtensorMapDataType values (driver API enum) and sizes for the types flashgen stages.
-TMA_DTYPES = {"f16": (6, 2), "bf16": (9, 2)}
+TMA_DTYPES = {name: (d.tma_code, d.bytes) for name, d in DTYPES.items()}
 # CUtensorMapSwizzle values: NONE, 32B, 64B, 128B.
 TMA_SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
 # The same enums by name, for code that calls the driver (codegen.driver) or emits C (codegen.export).
-TMA_DTYPE_NAMES = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+TMA_DTYPE_NAMES = {name: d.tma for name, d in DTYPES.items()}
 TMA_SWIZZLE_NAMES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                      64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
 
@@ -161,7 +165,7 @@ def place_box(params: TensorMapParams, origin, smem_address: int = 0) -> BoxPlac
         raise LayoutError(f"box origin has {len(origin)} coordinates; the rank is {params.rank}")
     if smem_address % SMEM_ALIGN:
         raise LayoutError(f"shared destination {smem_address} is not 128-byte aligned, as tensor copies require")
-    params.swizzle.check_placement(smem_address, "TMA destination")
+    check_pattern_start(params.swizzle_bytes, smem_address, "TMA destination")
     counts = params.box_counts
     n = len(counts)
     idx = np.indices(tuple(reversed(counts)), dtype=np.int64).reshape(n, -1)
@@ -175,5 +179,5 @@ def place_box(params: TensorMapParams, origin, smem_address: int = 0) -> BoxPlac
         inside &= (coord >= 0) & (coord < params.dims[i])
         address += coord * strides[i]
     dense = np.arange(idx.shape[1], dtype=np.int64) * params.elem_bytes
-    smem = params.swizzle.apply(smem_address + dense) - smem_address
+    smem = hw_swizzle(params.swizzle_bytes, smem_address + dense) - smem_address
     return BoxPlacement(np.where(inside, address, -1), smem)

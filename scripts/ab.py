@@ -8,7 +8,7 @@
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
 pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
 the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
-measurement (codegen/bench/), so the numbers are comparable with `gen.py bench`.
+measurement (the bench/ package), so the numbers are comparable with `gen.py bench`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ import os
 import pathlib
 import sys
 
-from codegen import bench
+from bench.cases import MATRICES, case_from, parse_shape
+from bench.config import BenchConfig
+from bench.gpu_run import measure_together
+from bench.inputs import make_inputs
+from bench.peers import PEERS, VARLEN_PEER_IMPLS, Peer
+from bench.report import geomean
 from codegen.spec import parse_split
+from layouts.dtypes import DTYPE_NAMES
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -41,7 +47,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, kwargs
 
 
-def flashgen_peer(name: str, kwargs: dict) -> bench.Peer:
+def flashgen_peer(name: str, kwargs: dict) -> Peer:
     def make(torch, inputs, case):
         from codegen.api import prepare
 
@@ -52,14 +58,14 @@ def flashgen_peer(name: str, kwargs: dict) -> bench.Peer:
             kwargs_all = kwargs
         return [prepare(q, k, v, causal=case.causal, **kwargs_all).__call__ for q, k, v in inputs.sets]
 
-    return bench.Peer(name, make)
+    return Peer(name, make)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--matrix", choices=sorted(bench.MATRICES))
+    parser.add_argument("--matrix", choices=sorted(MATRICES))
     parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]")
-    parser.add_argument("--dtype", default="bf16", choices=("f16", "bf16"))
+    parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--iters", type=int, default=100)
@@ -68,21 +74,21 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    cases = list(bench.MATRICES[args.matrix]) if args.matrix else []
-    cases += [bench.case_from(bench.parse_shape(s), args.dtype, args.causal) for s in args.shape]
+    cases = list(MATRICES[args.matrix]) if args.matrix else []
+    cases += [case_from(parse_shape(s), args.dtype, args.causal) for s in args.shape]
     if not cases:
         raise SystemExit("give --matrix or --shape")
     variants = [parse_variant(v) for v in args.variant]
-    config = bench.BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
-                               warmup=args.warmup, seed=0, out=None, command="ab")
+    config = BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
+                         warmup=args.warmup, seed=0, out=None, command="ab")
     torch.manual_seed(0)
     table = []
     for case in cases:
-        inputs = bench.make_inputs(torch, case)
+        inputs = make_inputs(torch, case)
         # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
-        yardstick = (bench.VARLEN_PEER_IMPLS if case.varlen else bench.PEERS)["cudnn"]
-        # cuDNN and every variant are timed in interleaved rounds (bench.measure_together).
-        cudnn, *rows = bench.measure_together(
+        yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
+        # cuDNN and every variant are timed in interleaved rounds (bench.gpu_run.measure_together).
+        cudnn, *rows = measure_together(
             torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants],
             case, inputs, config)
         line = {"shape": case.label, "cudnn_ms": cudnn.ms}
@@ -100,7 +106,7 @@ def main(argv: list[str]) -> int:
     for line in table:
         cells = " ".join(f"{line[n]:10.3f}" if isinstance(line[n], float) else f"{'-':>10s}" for n in names)
         print(f"{line['shape']:34s} {line['cudnn_ms'] or 0:9.4f} {cells}")
-    geo = [bench.geomean(line[n] for line in table if isinstance(line[n], float)) for n in names]
+    geo = [geomean(line[n] for line in table if isinstance(line[n], float)) for n in names]
     print(f"{'geomean':34s} {'':9s} " + " ".join(f"{g:10.3f}" if g else f"{'-':>10s}" for g in geo))
     out = os.environ.get("OUT")
     if out:

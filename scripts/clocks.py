@@ -5,7 +5,7 @@
                                            [--variant NAME:KNOB=VALUE,...] [--json FILE]
 
 Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
-20 ms (codegen/bench/clocks.py says why this matters: under the board's power cap, time follows energy per call,
+20 ms (bench/clocks.py says why this matters: under the board's power cap, time follows energy per call,
 not cycles). Variants take scripts/ab.py's knobs; `base:` (flashgen's defaults) is always run. Reads clocks
 only: nothing on the GPU is changed.
 """
@@ -19,15 +19,18 @@ import pathlib
 import sys
 import time
 
-from codegen import bench
-from codegen.bench import clocks
+from bench import clocks
+from bench.cases import case_from, parse_shape
+from bench.inputs import make_inputs
+from bench.peers import PEERS
 from scripts.ab import flashgen_peer, parse_variant
+from layouts.dtypes import DTYPE_NAMES
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="1,1024,64,128", metavar="B,S,H,D")
-    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
     parser.add_argument("--seconds", type=float, default=1.5, help="each implementation's run, per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
@@ -38,11 +41,11 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    case = bench.case_from(bench.parse_shape(args.shape), args.dtype, False)
+    case = case_from(parse_shape(args.shape), args.dtype, False)
     torch.manual_seed(0)
-    inputs = bench.make_inputs(torch, case)
+    inputs = make_inputs(torch, case)
     q, k, v = inputs.sets[0]
-    cudnn = bench.PEERS["cudnn"]
+    cudnn = PEERS["cudnn"]
     impls = {"cudnn": (cudnn.make(torch, inputs, case)[0], cudnn.context)}
     for name, kwargs in [("flashgen", {})] + [parse_variant(v) for v in args.variant]:
         impls[name] = (flashgen_peer(name, kwargs).make(torch, inputs, case)[0], lambda torch: contextlib.nullcontext())

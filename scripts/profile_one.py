@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Launch one flashgen kernel a few times, for a profiler to attach to (ncu, compute-sanitizer).
 
-    ncu --clock-control none --section SpeedOfLight -k regex:flashgen \\
+    PYTHONPATH=. ncu --clock-control none --section SpeedOfLight -k regex:flashgen \\
         python3 scripts/profile_one.py --shape 2,4096,16,256 [--dtype bf16] [--causal] [--knob block_n=80]
 
 Inputs are random; the result is checked against nothing (gpu tests do that). Knobs are prepare()'s tuning
-keywords, as in scripts/ab.py.
+keywords, as in scripts/ab.py. Run from the repository root with PYTHONPATH=. (--shape is read by the
+benchmark's parse_shape, and bench/ is not installed).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import argparse
 import sys
 
 from codegen.api import prepare
-from codegen.bench import parse_shape
+from bench.cases import parse_shape
+from codegen.check import torch_dtype
+from layouts.dtypes import DTYPE_NAMES
 
 
 def shape_arguments(parser: argparse.ArgumentParser) -> None:
     """--shape, --dtype, --causal and --knob, as this script and scripts/trace.py take them."""
     parser.add_argument("--shape", required=True, metavar="B,S,H,D")
-    parser.add_argument("--dtype", default="bf16", choices=("f16", "bf16"))
+    parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=INT")
 
@@ -30,7 +33,7 @@ def random_inputs(args: argparse.Namespace):
     import torch
 
     batch, seq, heads, dim, kv_heads = parse_shape(args.shape)
-    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     q = torch.randn(batch, seq, heads, dim, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, seq, kv_heads or heads, dim, device="cuda", dtype=dtype) for _ in range(2))
     knobs = {name: int(value) for name, _, value in (k.partition("=") for k in args.knob)}

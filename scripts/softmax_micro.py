@@ -9,7 +9,7 @@ times on register values, timed with clock64. Parts are switched on and off (the
 and row sums, O's rescale, P's packing) to see what each costs and which unit holds it; SASS opcode counts show
 what was compiled. bench/LOG.md v18b reads the numbers: the exponentials are MUFU-throughput bound
 (8 cycles per warp instruction, 704 cycles a block), the max is a ~280-cycle dependent chain before them.
-The kernel's code is in templates/fwd_sm90a.cu.j2 (softmax_block); this copy is only for timing.
+The kernel's code is in templates/fwd_sm90/softmax.j2 (softmax_block); this copy is only for timing.
 """
 import torch
 from codegen.nvrtc import compile_cuda

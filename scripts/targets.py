@@ -6,7 +6,7 @@
 
 Each file is one run of `gen.py bench --matrix default`. Prints the seed shape and the five bf16 shapes per run,
 the median and range over the runs, whether each run meets each target, and a last line for summaries.
-The targets and the reasons to read several runs are in codegen/bench/targets.py.
+The targets and the reasons to read several runs are in bench/targets.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 import pathlib
 import sys
 
-from codegen.bench.report import render_text
-from codegen.bench.targets import load_runs, runs_table, verdict
+from bench.report import render_text
+from bench.targets import load_runs, runs_table, verdict
 
 
 def main(argv: list[str]) -> int:

@@ -14,9 +14,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from codegen import bench, check
-from codegen.bench import gpu_run
-from codegen.bench import BenchUsageError, Case, Row
+from bench import gpu_run
+from bench.cases import (BenchUsageError, Case, MATRICES, VARLEN_16K, VARLEN_4K, block_n_for, parse_shape, parse_varlen,
+    ragged_lengths, varlen_case)
+from bench.cli import bench_main
+from bench.compile_timing import compile_specs, fresh_cache_dir
+from bench.config import ALL_PEERS, MATRIX_PEERS, parse_config
+from bench.gpu_run import iterations_within, measure, measure_together, run_gpu, snr_db_from
+from bench.inputs import (Inputs, MAX_INPUT_SETS, cu_seqlens_of, input_set_count, key_padding_bias, make_varlen_inputs,
+    pad_packed, padded_rows, unpad, varlen_reference)
+from bench.peers import (PEERS, Peer, Unavailable, VARLEN_PEER_IMPLS, _flash_varlen_calls, _flashgen_varlen_calls,
+    _flex_calls, _flex_varlen_calls, _ragged_kwargs, _sdpa_calls, _unfused_calls, _unpadded, aten_op, gqa_kwargs,
+    peer_names, peers_for, sdpa_kwargs, splits_for)
+from bench.report import (BenchResult, DEFAULT_OUT, ROOT, Row, TABLE_HEADER, case_table, finalize, geomean, host_meta,
+    ratio_summaries, render_markdown, render_text, save_results, source_sha256, split_impl, summary_table)
+from codegen import check
 
 SEED = Case(1, 1024, 64, 128, "f16")
 GQA = Case(4, 4096, 32, 128, "bf16", True, kv_heads=8)
@@ -26,15 +38,15 @@ GQA = Case(4, 4096, 32, 128, "bf16", True, kv_heads=8)
 
 
 def test_parse_shape_accepts_commas_and_x():
-    assert bench.parse_shape("4,4096,32,128") == (4, 4096, 32, 128, 32)
-    assert bench.parse_shape(" 1x1024x64x128 ") == (1, 1024, 64, 128, 64)
+    assert parse_shape("4,4096,32,128") == (4, 4096, 32, 128, 32)
+    assert parse_shape(" 1x1024x64x128 ") == (1, 1024, 64, 128, 64)
 
 
 def test_parse_shape_takes_kv_heads_after_a_colon():
-    assert bench.parse_shape("4,4096,32,128:8") == (4, 4096, 32, 128, 8)
-    assert bench.parse_shape("1x16384x16x128 : 2") == (1, 16384, 16, 128, 2)
-    assert bench.parse_shape("4,4096,32,128:1") == (4, 4096, 32, 128, 1)  # multi-query
-    assert bench.parse_shape("4,4096,32,128:32") == (4, 4096, 32, 128, 32)
+    assert parse_shape("4,4096,32,128:8") == (4, 4096, 32, 128, 8)
+    assert parse_shape("1x16384x16x128 : 2") == (1, 16384, 16, 128, 2)
+    assert parse_shape("4,4096,32,128:1") == (4, 4096, 32, 128, 1)  # multi-query
+    assert parse_shape("4,4096,32,128:32") == (4, 4096, 32, 128, 32)
 
 
 @pytest.mark.parametrize("text, why", [("1,1024,64", "four numbers"), ("1,a,64,128", "four integers"),
@@ -46,7 +58,7 @@ def test_parse_shape_takes_kv_heads_after_a_colon():
                                        ("4,4096,32:8,128", "four numbers")])
 def test_parse_shape_rejects_with_a_reason(text, why):
     with pytest.raises(BenchUsageError, match=why):
-        bench.parse_shape(text)
+        parse_shape(text)
 
 
 def test_kv_heads_default_to_heads_and_are_checked():
@@ -59,35 +71,35 @@ def test_kv_heads_default_to_heads_and_are_checked():
 
 
 def test_gqa_shapes_reach_the_cases():
-    config = bench.parse_config(["--shape", "4,4096,32,128:8", "--shape", "2,512,8,64", "--dtype", "bf16",
+    config = parse_config(["--shape", "4,4096,32,128:8", "--shape", "2,512,8,64", "--dtype", "bf16",
                                  "--causal"])
     assert config.cases == (GQA, Case(2, 512, 8, 64, "bf16", True))
-    compile_config = bench.parse_config(["--compile", "--shape", "1,1024,64,128:8", "--no-save"])
+    compile_config = parse_config(["--compile", "--shape", "1,1024,64,128:8", "--no-save"])
     assert compile_config.cases == (Case(1, 1024, 64, 128, kv_heads=8),)
-    assert bench.compile_specs(compile_config)[0].kv_heads == 8
+    assert compile_specs(compile_config)[0].kv_heads == 8
 
 
 def test_single_shape_config_runs_every_peer():
-    config = bench.parse_config(["--shape", "1,1024,64,128", "--dtype", "bf16", "--causal", "--iters", "7"])
+    config = parse_config(["--shape", "1,1024,64,128", "--dtype", "bf16", "--causal", "--iters", "7"])
     assert config.mode == "table"
     assert config.cases == (Case(1, 1024, 64, 128, "bf16", True),)
-    assert config.peers == bench.ALL_PEERS
-    assert config.iters == 7 and config.out == bench.DEFAULT_OUT
+    assert config.peers == ALL_PEERS
+    assert config.iters == 7 and config.out == DEFAULT_OUT
     assert config.command == "gen.py bench --shape 1,1024,64,128 --dtype bf16 --causal --iters 7"
 
 
 def test_matrix_config_uses_the_issue_shapes_and_few_peers():
-    config = bench.parse_config(["--matrix"])
+    config = parse_config(["--matrix"])
     assert config.mode == "matrix" and config.matrix == "default"
-    assert config.peers == bench.MATRIX_PEERS
+    assert config.peers == MATRIX_PEERS
     assert config.cases[0] == SEED
     assert Case(2, 4096, 16, 256, "bf16") in config.cases
     assert sum(c.causal for c in config.cases) == 2
-    assert bench.parse_config(["--matrix", "quick", "--all-peers"]).peers == bench.ALL_PEERS
+    assert parse_config(["--matrix", "quick", "--all-peers"]).peers == ALL_PEERS
 
 
 def test_peers_always_include_cudnn_in_table_order():
-    config = bench.parse_config(["--matrix", "--peers", "flex,flashgen"])
+    config = parse_config(["--matrix", "--peers", "flex,flashgen"])
     assert config.peers == ("flashgen", "cudnn", "flex")
 
 
@@ -101,21 +113,21 @@ def test_peers_always_include_cudnn_in_table_order():
 ])
 def test_bad_command_lines_are_usage_errors(argv, why):
     with pytest.raises(BenchUsageError, match=why):
-        bench.parse_config(argv)
+        parse_config(argv)
 
 
 def test_bench_main_reports_a_bad_kv_heads_with_status_2(capsys):
-    assert bench.bench_main(["--shape", "4,4096,32,128:5", "--no-save"]) == 2
+    assert bench_main(["--shape", "4,4096,32,128:5", "--no-save"]) == 2
     assert "heads 32 must be a multiple of K/V heads 5" in capsys.readouterr().err
 
 
 def test_bench_main_reports_usage_errors_with_status_2(capsys):
-    assert bench.bench_main(["--matrix", "--shape", "1,1024,64,128"]) == 2
+    assert bench_main(["--matrix", "--shape", "1,1024,64,128"]) == 2
     assert "drop --shape" in capsys.readouterr().err
 
 
 def test_compile_config_defaults_to_the_seed_shape_and_takes_splits():
-    config = bench.parse_config(["--compile", "--split", "64+64", "--no-save"])
+    config = parse_config(["--compile", "--split", "64+64", "--no-save"])
     assert config.mode == "compile" and config.cases == (SEED,)
     assert config.splits == ((64, 64),) and config.out is None
 
@@ -140,7 +152,7 @@ def test_labels_show_kv_heads_only_under_gqa():
 
 
 def test_coverage_matrix_has_the_causal_and_gqa_shapes():
-    config = bench.parse_config(["--matrix", "coverage"])
+    config = parse_config(["--matrix", "coverage"])
     assert [c.label for c in config.cases] == [
         "(4,4096,32,128) bf16 causal",
         "(4,4096,32,128) kv8 bf16 non-causal",
@@ -150,8 +162,8 @@ def test_coverage_matrix_has_the_causal_and_gqa_shapes():
         "varlen(16 seqs, 40960 tok, max 4096; 32,128) bf16 non-causal",
         "varlen(16 seqs, 40960 tok, max 4096; 32,128) kv8 bf16 causal",
     ]
-    assert config.peers == bench.MATRIX_PEERS
-    assert not any(c.gqa for c in bench.MATRICES["default"]) and len(bench.MATRICES["default"]) == 8
+    assert config.peers == MATRIX_PEERS
+    assert not any(c.gqa for c in MATRICES["default"]) and len(MATRICES["default"]) == 8
 
 
 def test_tflops_follow_from_ms():
@@ -160,39 +172,39 @@ def test_tflops_follow_from_ms():
 
 
 def test_splits_follow_block_n():
-    assert bench.splits_for(128) == ((96, 32), (64, 64))
-    assert bench.splits_for(64) == ((32, 32), (64,))
-    assert bench.splits_for(128, [(112, 16)]) == ((112, 16),)
-    assert bench.splits_for(176) == ((144, 32),)  # no candidate adds up to it: the plan's default split
+    assert splits_for(128) == ((96, 32), (64, 64))
+    assert splits_for(64) == ((32, 32), (64,))
+    assert splits_for(128, [(112, 16)]) == ((112, 16),)
+    assert splits_for(176) == ((144, 32),)  # no candidate adds up to it: the plan's default split
 
 
 def test_block_n_comes_from_the_plan():
-    assert bench.block_n_for(Case(2, 4096, 16, 256, "bf16")) == 80  # D=256 from 4096 keys (v17)
-    assert bench.block_n_for(Case(2, 2048, 16, 256, "bf16")) == 64
-    assert bench.block_n_for(SEED) == 176  # 1024 keys: 5 x 176 + a short tail
-    assert bench.block_n_for(GQA) == 128
+    assert block_n_for(Case(2, 4096, 16, 256, "bf16")) == 80  # D=256 from 4096 keys (v17)
+    assert block_n_for(Case(2, 2048, 16, 256, "bf16")) == 64
+    assert block_n_for(SEED) == 176  # 1024 keys: 5 x 176 + a short tail
+    assert block_n_for(GQA) == 128
 
 
 def test_small_problems_rotate_input_copies():
-    assert bench.input_set_count(SEED) == 4  # q, k, v, o of 16 MiB each: ceil(200 / 64) sets
-    assert bench.input_set_count(Case(1, 128, 1, 64)) == bench.MAX_INPUT_SETS
-    assert bench.input_set_count(Case(4, 4096, 32, 128, "bf16")) == 1
+    assert input_set_count(SEED) == 4  # q, k, v, o of 16 MiB each: ceil(200 / 64) sets
+    assert input_set_count(Case(1, 128, 1, 64)) == MAX_INPUT_SETS
+    assert input_set_count(Case(4, 4096, 32, 128, "bf16")) == 1
     # q and o 8 MiB each, k and v 1 MiB each under 8x GQA: ceil(200 / 18) sets, capped
-    assert bench.input_set_count(Case(1, 1024, 32, 128, kv_heads=4)) == bench.MAX_INPUT_SETS
+    assert input_set_count(Case(1, 1024, 32, 128, kv_heads=4)) == MAX_INPUT_SETS
     assert Case(1, 1024, 32, 128, kv_heads=4).set_bytes == 2 * 8 * 2**20 + 2 * 2**20
 
 
 def test_peers_run_torch_first_and_flashgen_splits_last():
-    config = bench.parse_config(["--shape", "2,4096,16,256", "--peers", "flashgen,flash"])
-    order = [(p.name, split) for p, split in bench.peers_for(config.cases[0], config, block_n=64)]
+    config = parse_config(["--shape", "2,4096,16,256", "--peers", "flashgen,flash"])
+    order = [(p.name, split) for p, split in peers_for(config.cases[0], config, block_n=64)]
     assert order == [("cudnn", None), ("flash", None), ("flashgen[32+32]", (32, 32)), ("flashgen[64]", (64,))]
 
 
 def test_math_and_unfused_are_skipped_for_large_problems():
     big = Case(1, 16384, 16, 128, "bf16")
-    assert bench.PEERS["math"].skip(big) and not bench.PEERS["math"].skip(SEED)
-    assert not bench.PEERS["unfused"].skip(big)
-    row = bench.measure(None, bench.PEERS["math"], None, big, None, bench.parse_config(["--shape", "1,2,3,64"]))
+    assert PEERS["math"].skip(big) and not PEERS["math"].skip(SEED)
+    assert not PEERS["unfused"].skip(big)
+    row = measure(None, PEERS["math"], None, big, None, parse_config(["--shape", "1,2,3,64"]))
     assert row.skipped and row.ms is None and not row.ok
 
 
@@ -200,8 +212,8 @@ def test_a_failing_peer_becomes_an_error_row():
     def explode(torch, inputs, case):
         raise RuntimeError("no kernel image for sm_90a")
 
-    row = bench.measure(None, bench.Peer("flash", explode), None, SEED, None,
-                        bench.parse_config(["--shape", "1,1024,64,128"]))
+    row = measure(None, Peer("flash", explode), None, SEED, None,
+                        parse_config(["--shape", "1,1024,64,128"]))
     assert row.error == "RuntimeError: no kernel image for sm_90a" and row.ms is None
 
 
@@ -211,14 +223,14 @@ def test_a_failing_peer_becomes_an_error_row():
 def _rows(case=SEED, cudnn_ms=0.0636, splits=((96, 32), 0.0550, 2.0e-3), extra=()):
     rows = [Row("cudnn", case, ms=cudnn_ms, rel_err=4.0e-3)]
     for split, ms, err in (splits,) if splits else ():
-        rows.append(Row(bench.split_impl(split), case, ms=ms, rel_err=err, pv_split=split))
+        rows.append(Row(split_impl(split), case, ms=ms, rel_err=err, pv_split=split))
     return rows + list(extra)
 
 
 def test_finalize_adds_best_split_ratio_and_error_vs_ours():
     rows = _rows(extra=[Row("flashgen[64+64]", SEED, ms=0.0600, rel_err=1.0e-3, pv_split=(64, 64)),
                         Row("flex", SEED, ms=0.1272, rel_err=3.0e-3)])
-    out = {r.impl: r for r in bench.finalize(rows)}
+    out = {r.impl: r for r in finalize(rows)}
     best = out["flashgen"]
     assert best.pv_split == (96, 32) and best.ms == 0.0550
     assert best.ratio_to_cudnn == pytest.approx(0.0636 / 0.0550)
@@ -227,37 +239,37 @@ def test_finalize_adds_best_split_ratio_and_error_vs_ours():
     # ours = the best (smallest) error over the splits, whichever split is fastest
     assert out["cudnn"].err_vs_ours == pytest.approx(4.0)
     assert out["flashgen"].err_vs_ours == pytest.approx(2.0)
-    assert [r.impl for r in bench.finalize(rows)][0] == "flashgen"
+    assert [r.impl for r in finalize(rows)][0] == "flashgen"
 
 
 def test_finalize_is_idempotent():
-    once = bench.finalize(_rows())
-    assert bench.finalize(once) == once
+    once = finalize(_rows())
+    assert finalize(once) == once
 
 
 def test_finalize_without_cudnn_or_without_a_working_split():
-    no_cudnn = bench.finalize([Row("flex", SEED, ms=0.1, rel_err=1e-3)])
+    no_cudnn = finalize([Row("flex", SEED, ms=0.1, rel_err=1e-3)])
     assert no_cudnn[0].ratio_to_cudnn is None and no_cudnn[0].err_vs_ours is None
-    failed = bench.finalize(_rows(splits=None, extra=[Row("flashgen[96+32]", SEED, error="SpillError: spills")]))
+    failed = finalize(_rows(splits=None, extra=[Row("flashgen[96+32]", SEED, error="SpillError: spills")]))
     best = next(r for r in failed if r.impl == "flashgen")
     assert best.error and "no PV split ran" in best.error and not best.ok
 
 
 def test_geomean():
-    assert bench.geomean([2.0, 0.5]) == pytest.approx(1.0)
-    assert bench.geomean([1.1, None, float("nan"), 0.0, 1.1]) == pytest.approx(1.1)
-    assert bench.geomean([]) is None
+    assert geomean([2.0, 0.5]) == pytest.approx(1.0)
+    assert geomean([1.1, None, float("nan"), 0.0, 1.1]) == pytest.approx(1.1)
+    assert geomean([]) is None
 
 
 def test_ratio_summary_and_its_geomean_line():
     other = Case(4, 4096, 32, 128, "bf16")
-    rows = bench.finalize(_rows() + _rows(case=other, cudnn_ms=1.0, splits=((96, 32), 0.8, 2e-3),
+    rows = finalize(_rows() + _rows(case=other, cudnn_ms=1.0, splits=((96, 32), 0.8, 2e-3),
                                           extra=[Row("flex", other, ms=2.0, rel_err=3e-3)]))
-    by_impl = {s.impl: s for s in bench.ratio_summaries(rows)}
+    by_impl = {s.impl: s for s in ratio_summaries(rows)}
     assert set(by_impl) == {"flashgen", "cudnn", "flex"}  # split rows are folded into flashgen
     assert by_impl["flashgen"].geomean == pytest.approx(math.sqrt(0.0636 / 0.055 * 1.25))
     assert by_impl["flex"].ratios == (None, 0.5) and by_impl["flex"].measured == 1
-    table = bench.summary_table(rows)
+    table = summary_table(rows)
     assert table[0] == ["shape", "cuDNN ms", "cuDNN TFLOPS", "flashgen", "flex"]
     assert table[1][3].endswith("(96+32)")
     assert table[-1][0] == "geomean" and table[-1][4] == "0.500x (1/2)"
@@ -281,19 +293,19 @@ def test_row_json_has_the_issue_keys_and_no_non_finite_numbers():
 
 
 def test_tables_render_skips_errors_and_numbers():
-    rows = bench.finalize(_rows(extra=[Row("math", SEED, skipped="B*H*S*S = 1 > 2^28"),
+    rows = finalize(_rows(extra=[Row("math", SEED, skipped="B*H*S*S = 1 > 2^28"),
                                        Row("flex", SEED, error="BackendCompilerFailed: " + "x" * 200)]))
-    table = bench.case_table(rows)
-    assert table[0] == list(bench.TABLE_HEADER)
+    table = case_table(rows)
+    assert table[0] == list(TABLE_HEADER)
     cells = {r[0].split(" ")[0]: r for r in table[1:]}
     assert cells["flashgen"][0] == "flashgen (best: 96+32)"
     assert cells["flashgen"][1:3] == ["0.0550", str(round(SEED.flops / 0.055 / 1e9, 1))]
     assert cells["cudnn"][6] == "1.000x"
     assert cells["math"][1].startswith("skipped")
     assert cells["flex"][1].startswith("error: BackendCompilerFailed") and cells["flex"][1].endswith("...")
-    text = bench.render_text(table).splitlines()
+    text = render_text(table).splitlines()
     assert len(text) == len(table) + 1 and set(text[1]) <= {"-", " "}
-    md = bench.render_markdown(table).splitlines()
+    md = render_markdown(table).splitlines()
     assert md[1] == "|---|---|---|---|---|---|---|" and all(line.startswith("| ") for line in md[2:])
 
 
@@ -301,11 +313,11 @@ def _result(gpu: str, mode: str = "table"):
     meta = {"gpu": gpu, "driver_version": "580.1", "torch": "2.11.0", "cudnn": 91900,
             "date_utc_stamp": "20261130T120000Z", "command": "gen.py bench --matrix"}
     other = Case(4, 4096, 32, 128, "bf16")
-    return bench.BenchResult(meta, tuple(bench.finalize(_rows() + _rows(case=other))), mode)
+    return BenchResult(meta, tuple(finalize(_rows() + _rows(case=other))), mode)
 
 
 def test_results_are_written_and_h200_runs_become_latest(tmp_path):
-    paths = bench.save_results(_result("NVIDIA H200", "matrix"), tmp_path)
+    paths = save_results(_result("NVIDIA H200", "matrix"), tmp_path)
     names = sorted(p.name for p in paths)
     assert names == ["h200-latest.json", "h200-latest.md", "nvidia-h200-20261130T120000Z.json",
                      "nvidia-h200-20261130T120000Z.md"]
@@ -318,7 +330,7 @@ def test_results_are_written_and_h200_runs_become_latest(tmp_path):
 
 
 def test_other_gpus_do_not_touch_latest(tmp_path):
-    paths = bench.save_results(_result("NVIDIA A100-SXM4-80GB"), tmp_path)
+    paths = save_results(_result("NVIDIA A100-SXM4-80GB"), tmp_path)
     assert sorted(p.name for p in paths) == ["nvidia-a100-sxm4-80gb-20261130T120000Z.json",
                                              "nvidia-a100-sxm4-80gb-20261130T120000Z.md"]
 
@@ -327,11 +339,11 @@ def test_host_meta_records_date_command_and_commit():
     import datetime as dt
 
     now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
-    meta = bench.host_meta("gen.py bench --compile", now)
+    meta = host_meta("gen.py bench --compile", now)
     assert meta["date_utc"] == "2026-11-30 12:00:00 UTC" and meta["date_utc_stamp"] == "20261130T120000Z"
     assert meta["command"] == "gen.py bench --compile"
     assert meta["flashgen_commit"] is None or len(meta["flashgen_commit"].split("+")[0]) == 40
-    assert meta["flashgen_source_sha256"] == bench.source_sha256() and len(meta["flashgen_source_sha256"]) == 64
+    assert meta["flashgen_source_sha256"] == source_sha256() and len(meta["flashgen_source_sha256"]) == 64
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -395,19 +407,19 @@ class _DriftingGpu:
             self.clock[0] += base_ms * (1 + self.calls / 400)
             return name
 
-        return bench.Peer(name, lambda torch, inputs, case: [call])
+        return Peer(name, lambda torch, inputs, case: [call])
 
 
 def test_implementations_are_timed_in_interleaved_rounds(monkeypatch):
     monkeypatch.setattr(check, "rel_err", lambda x, ref: 0.0)
     gpu = _DriftingGpu()
-    config = bench.parse_config(["--shape", "1,1024,64,128", "--iters", "50", "--warmup", "3"])
+    config = parse_config(["--shape", "1,1024,64,128", "--iters", "50", "--warmup", "3"])
     entries = [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)]
-    a, b = bench.measure_together(gpu, entries, SEED, bench.Inputs(sets=(), ref=None), config)
+    a, b = measure_together(gpu, entries, SEED, Inputs(sets=(), ref=None), config)
     runs = [(name, len(list(group))) for name, group in itertools.groupby(gpu.log)]
     # Each: a first call and 1 + 3 estimate calls. Then 5 rounds of 3 (first round) or 2 warm-up calls and 10
     # timed ones, in the order a b | b a | a b | b a | a b, so neighbouring rounds' blocks merge.
-    assert bench.ROUNDS == 5 and bench.ROUND_WARMUP == 2
+    assert gpu_run.ROUNDS == 5 and gpu_run.ROUND_WARMUP == 2
     assert runs == [("a", 5), ("b", 5), ("a", 13), ("b", 13 + 12), ("a", 24), ("b", 24), ("a", 24), ("b", 12)]
     assert a.iters == b.iters == 50
     # The clock slowed by 80% over the run, yet b's time stays near twice a's: both saw the same drift.
@@ -416,8 +428,8 @@ def test_implementations_are_timed_in_interleaved_rounds(monkeypatch):
     # Timed one after the other (one round), b would look 12% slower than it is.
     monkeypatch.setattr(gpu_run, "ROUNDS", 1)
     gpu = _DriftingGpu()
-    a, b = bench.measure_together(gpu, [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)], SEED,
-                                  bench.Inputs(sets=(), ref=None), config)
+    a, b = measure_together(gpu, [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)], SEED,
+                                  Inputs(sets=(), ref=None), config)
     assert b.ms / a.ms > 2.2
 
 
@@ -435,9 +447,9 @@ def test_a_peer_failing_mid_timing_keeps_its_error_and_the_others_their_times(mo
                 raise RuntimeError("illegal memory access")
         return [call]
 
-    config = bench.parse_config(["--shape", "1,1024,64,128", "--iters", "20", "--warmup", "2"])
-    ok, bad = bench.measure_together(gpu, [(good, None), (bench.Peer("bad", flaky), None)], SEED,
-                                     bench.Inputs(sets=(), ref=None), config)
+    config = parse_config(["--shape", "1,1024,64,128", "--iters", "20", "--warmup", "2"])
+    ok, bad = measure_together(gpu, [(good, None), (Peer("bad", flaky), None)], SEED,
+                                     Inputs(sets=(), ref=None), config)
     assert ok.ok and ok.iters == 20
     assert bad.error == "RuntimeError: illegal memory access" and bad.ms is None and not bad.ok
 
@@ -448,16 +460,16 @@ def test_queue_ahead_covers_the_host_time_and_is_capped():
 
 
 def test_iterations_within_budget():
-    assert bench.iterations_within(3000.0, 0.06, 100) == 100
-    assert bench.iterations_within(3000.0, 100.0, 100) == 30
-    assert bench.iterations_within(3000.0, 1000.0, 100) == 10
-    assert bench.iterations_within(3000.0, 1000.0, 5) == 5
-    assert bench.iterations_within(3000.0, float("nan"), 50) == 50
+    assert iterations_within(3000.0, 0.06, 100) == 100
+    assert iterations_within(3000.0, 100.0, 100) == 30
+    assert iterations_within(3000.0, 1000.0, 100) == 10
+    assert iterations_within(3000.0, 1000.0, 5) == 5
+    assert iterations_within(3000.0, float("nan"), 50) == 50
 
 
 def test_snr_from_error():
-    assert bench.snr_db_from(1e-3) == pytest.approx(60.0)
-    assert bench.snr_db_from(0.0) == math.inf and bench.snr_db_from(math.inf) == -math.inf
+    assert snr_db_from(1e-3) == pytest.approx(60.0)
+    assert snr_db_from(0.0) == math.inf and snr_db_from(math.inf) == -math.inf
 
 
 # ---------------------------------------------------------------------------------------------- CPU torch
@@ -476,7 +488,7 @@ def test_chunked_reference_matches_the_whole_one():
             assert torch.allclose(a, b, rtol=0, atol=1e-9)
 
 
-def _cpu_inputs(torch, case: Case, count: int = 2) -> bench.Inputs:
+def _cpu_inputs(torch, case: Case, count: int = 2) -> Inputs:
     """make_inputs on the CPU in float32 (make_inputs itself allocates on the GPU)."""
     from codegen.check import reference
 
@@ -484,7 +496,7 @@ def _cpu_inputs(torch, case: Case, count: int = 2) -> bench.Inputs:
     kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
     sets = tuple(tuple(torch.randn(shape, dtype=torch.float32) for shape in (q_shape, kv_shape, kv_shape))
                  for _ in range(count))
-    return bench.Inputs(sets, reference(*sets[0], causal=case.causal)[0])
+    return Inputs(sets, reference(*sets[0], causal=case.causal)[0])
 
 
 @pytest.mark.parametrize("kv_heads", [3, 1, None])
@@ -495,17 +507,17 @@ def test_unfused_peer_matches_the_reference(causal, kv_heads):
 
     case = Case(2, 40, 6, 64, "f16", causal, kv_heads)
     inputs = _cpu_inputs(torch, case)
-    calls = bench._unfused_calls(torch, inputs, case)
+    calls = _unfused_calls(torch, inputs, case)
     assert len(calls) == 2
     assert calls[1]().shape == inputs.sets[1][0].shape  # H heads out, in q's (B, S, H, D) layout
     assert rel_err(calls[0](), inputs.ref) < 1e-5
 
 
 def test_sdpa_arguments_ask_for_gqa_only_when_heads_differ():
-    assert bench.sdpa_kwargs(SEED) == {"is_causal": False}
-    assert bench.sdpa_kwargs(Case(4, 4096, 32, 128, "bf16", True)) == {"is_causal": True}
-    assert bench.sdpa_kwargs(GQA) == {"is_causal": True, "enable_gqa": True}
-    assert bench.gqa_kwargs(SEED) == {} and bench.gqa_kwargs(GQA) == {"enable_gqa": True}
+    assert sdpa_kwargs(SEED) == {"is_causal": False}
+    assert sdpa_kwargs(Case(4, 4096, 32, 128, "bf16", True)) == {"is_causal": True}
+    assert sdpa_kwargs(GQA) == {"is_causal": True, "enable_gqa": True}
+    assert gqa_kwargs(SEED) == {} and gqa_kwargs(GQA) == {"enable_gqa": True}
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -515,7 +527,7 @@ def test_sdpa_peer_with_gqa_matches_the_reference(causal):
 
     case = Case(2, 40, 6, 64, "f16", causal, kv_heads=2)
     inputs = _cpu_inputs(torch, case, count=1)
-    (call,) = bench._sdpa_calls(torch, inputs, case)  # SDPA's default backend on the CPU
+    (call,) = _sdpa_calls(torch, inputs, case)  # SDPA's default backend on the CPU
     assert rel_err(call(), inputs.ref) < 1e-5
 
 
@@ -529,7 +541,7 @@ def test_flex_peer_passes_gqa_through(causal, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)  # eager flex_attention: no compiler on CI
     case = Case(1, 40, 4, 64, "f16", causal, kv_heads=2)
     inputs = _cpu_inputs(torch, case, count=1)
-    (call,) = bench._flex_calls(torch, inputs, case)
+    (call,) = _flex_calls(torch, inputs, case)
     assert rel_err(call(), inputs.ref) < 1e-5
 
 
@@ -542,8 +554,8 @@ def test_a_torch_without_enable_gqa_gives_an_error_row():
     old = types.SimpleNamespace(nn=types.SimpleNamespace(functional=types.SimpleNamespace(
         scaled_dot_product_attention=sdpa_before_2_5)))
     case = Case(1, 40, 4, 64, "f16", kv_heads=2)
-    row = bench.measure(old, bench.PEERS["sdpa"], None, case, _cpu_inputs(torch, case, count=1),
-                        bench.parse_config(["--shape", "1,40,4,64:2"]))
+    row = measure(old, PEERS["sdpa"], None, case, _cpu_inputs(torch, case, count=1),
+                        parse_config(["--shape", "1,40,4,64:2"]))
     assert row.ms is None and row.error.startswith("TypeError") and "enable_gqa" in row.error
 
 
@@ -554,7 +566,7 @@ def test_bench_without_a_gpu_says_so(capsys, tmp_path):
         torch = None
     if torch is not None and torch.cuda.is_available():
         pytest.skip("a GPU is present: this test is about the message when there is none")
-    assert bench.bench_main(["--shape", "1,1024,64,128", "--out", str(tmp_path)]) == 2
+    assert bench_main(["--shape", "1,1024,64,128", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "CUDA GPU" in err or "torch" in err
     assert not list(tmp_path.iterdir())
@@ -562,25 +574,25 @@ def test_bench_without_a_gpu_says_so(capsys, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- varlen
 
-RAGGED = bench.varlen_case((1000, 4096, 2311), 32, 128, "bf16")
+RAGGED = varlen_case((1000, 4096, 2311), 32, 128, "bf16")
 
 
 def test_ragged_lengths_are_deterministic_and_sum_to_the_total():
-    lens = bench.ragged_lengths(16, 4096, 40960)
-    assert lens == bench.ragged_lengths(16, 4096, 40960)  # a fixed seed: the same batch every run
+    lens = ragged_lengths(16, 4096, 40960)
+    assert lens == ragged_lengths(16, 4096, 40960)  # a fixed seed: the same batch every run
     assert len(lens) == 16 and sum(lens) == 40960 and max(lens) == 4096 and min(lens) >= 1024
     assert all(isinstance(n, int) for n in lens)
     assert lens != tuple(sorted(lens))  # shuffled: the longest is not always first
-    assert bench.ragged_lengths(16, 4096, 40960, seed=1) != lens and sum(bench.ragged_lengths(16, 4096, 40960,
+    assert ragged_lengths(16, 4096, 40960, seed=1) != lens and sum(ragged_lengths(16, 4096, 40960,
                                                                                              seed=1)) == 40960
-    free = bench.ragged_lengths(16, 4096)  # no total: the plain draw, still deterministic
-    assert free == bench.ragged_lengths(16, 4096) and max(free) == 4096 and min(free) >= 1024
+    free = ragged_lengths(16, 4096)  # no total: the plain draw, still deterministic
+    assert free == ragged_lengths(16, 4096) and max(free) == 4096 and min(free) >= 1024
 
 
 @pytest.mark.parametrize("count, max_len, total", [(16, 4096, 40960), (8, 16384, 65536), (4, 100, 175), (4, 100, 400),
                                                    (3, 1000, 2999), (1, 77, 77), (64, 512, 20000), (5, 8, None)])
 def test_ragged_lengths_reach_every_feasible_total(count, max_len, total):
-    lens = bench.ragged_lengths(count, max_len, total)
+    lens = ragged_lengths(count, max_len, total)
     assert len(lens) == count and max(lens) == max_len and min(lens) >= max(1, max_len // 4)
     assert total is None or sum(lens) == total
     if total == count * max_len:
@@ -591,16 +603,16 @@ def test_ragged_lengths_reach_every_feasible_total(count, max_len, total):
 
 def test_matrix_varlen_batches_are_pinned():
     # Changing the generator changes these batches and breaks comparisons with earlier runs: do so on purpose.
-    assert bench.ragged_lengths(**bench.VARLEN_4K) == (2981, 2051, 1156, 2943, 2713, 2233, 2568, 3085, 2648, 4096,
+    assert ragged_lengths(**VARLEN_4K) == (2981, 2051, 1156, 2943, 2713, 2233, 2568, 3085, 2648, 4096,
                                                        1561, 2457, 2145, 3058, 3380, 1885)
-    assert bench.ragged_lengths(**bench.VARLEN_16K) == (16384, 9150, 5015, 7408, 8735, 4096, 7664, 7084)
+    assert ragged_lengths(**VARLEN_16K) == (16384, 9150, 5015, 7408, 8735, 4096, 7664, 7084)
 
 
 def test_parse_varlen_takes_lengths_or_a_ragged_spec():
-    assert bench.parse_varlen("1000,4096,2311") == (1000, 4096, 2311)
-    assert bench.parse_varlen(" 7 ") == (7,)
-    assert bench.parse_varlen("16x4096=40960") == bench.ragged_lengths(16, 4096, 40960)
-    assert bench.parse_varlen("16 X 4096") == bench.parse_varlen("16*4096") == bench.ragged_lengths(16, 4096)
+    assert parse_varlen("1000,4096,2311") == (1000, 4096, 2311)
+    assert parse_varlen(" 7 ") == (7,)
+    assert parse_varlen("16x4096=40960") == ragged_lengths(16, 4096, 40960)
+    assert parse_varlen("16 X 4096") == parse_varlen("16*4096") == ragged_lengths(16, 4096)
 
 
 @pytest.mark.parametrize("text, why", [
@@ -612,31 +624,31 @@ def test_parse_varlen_takes_lengths_or_a_ragged_spec():
 ])
 def test_malformed_varlen_is_a_usage_error(text, why):
     with pytest.raises(BenchUsageError, match=re.escape(why)):
-        bench.parse_varlen(text)
+        parse_varlen(text)
 
 
 def test_bench_main_reports_a_malformed_varlen_with_status_2(capsys):
-    assert bench.bench_main(["--varlen", "16x", "--no-save"]) == 2
+    assert bench_main(["--varlen", "16x", "--no-save"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --varlen expects the sequence lengths L1,L2,... (e.g. 1000,4096,2311) or "
                           "COUNTxMAX[=TOTAL]") and "'16x'" in err
 
 
 def test_varlen_cases_reach_the_config():
-    config = bench.parse_config(["--varlen", "16x4096=40960", "--heads", "32", "--head-dim", "128", "--kv-heads",
+    config = parse_config(["--varlen", "16x4096=40960", "--heads", "32", "--head-dim", "128", "--kv-heads",
                                  "8", "--dtype", "bf16", "--causal", "--shape", "1,1024,8,64"])
-    lens = bench.ragged_lengths(16, 4096, 40960)
-    assert config.mode == "table" and config.peers == bench.ALL_PEERS
+    lens = ragged_lengths(16, 4096, 40960)
+    assert config.mode == "table" and config.peers == ALL_PEERS
     assert config.cases == (Case(1, 1024, 8, 64, "bf16", True),
-                            bench.varlen_case(lens, 32, 128, "bf16", causal=True, kv_heads=8))
+                            varlen_case(lens, 32, 128, "bf16", causal=True, kv_heads=8))
     varlen = config.cases[1]
     assert varlen.varlen and (varlen.batch, varlen.seq, varlen.total_tokens) == (16, 4096, 40960) and varlen.gqa
-    defaults = bench.parse_config(["--varlen", "300,200"]).cases[0]
+    defaults = parse_config(["--varlen", "300,200"]).cases[0]
     assert (defaults.heads, defaults.dim, defaults.kv_heads, defaults.dtype, defaults.lens) == (32, 128, 32, "f16",
                                                                                                   (300, 200))
-    compile_config = bench.parse_config(["--compile", "--varlen", "300,200", "--no-save"])
+    compile_config = parse_config(["--compile", "--varlen", "300,200", "--no-save"])
     assert compile_config.cases == (defaults,)
-    spec = bench.compile_specs(compile_config)[0]  # the varlen kernel where the generator has one
+    spec = compile_specs(compile_config)[0]  # the varlen kernel where the generator has one
     assert spec.seq_len == 300 or (getattr(spec, "varlen", False) and spec.seq_len >= 300)
 
 
@@ -649,18 +661,18 @@ def test_varlen_cases_reach_the_config():
 ])
 def test_bad_varlen_command_lines_are_usage_errors(argv, why):
     with pytest.raises(BenchUsageError, match=re.escape(why)):
-        bench.parse_config(argv)
+        parse_config(argv)
 
 
 def test_varlen_matrix_and_coverage():
-    config = bench.parse_config(["--matrix", "varlen"])
+    config = parse_config(["--matrix", "varlen"])
     assert config.mode == "matrix" and all(c.varlen and c.dtype == "bf16" and c.dim == 128 for c in config.cases)
     assert [(c.batch, c.seq, c.heads, c.kv_heads, c.causal) for c in config.cases] == [
         (16, 4096, 32, 32, False), (16, 4096, 32, 32, True), (16, 4096, 32, 8, True),
         (8, 16384, 16, 16, False), (8, 16384, 16, 16, True)]
     assert {"cudnn_varlen", "flash_varlen"} <= set(config.peers)
-    assert sum(c.varlen for c in bench.MATRICES["coverage"]) == 2
-    assert not any(c.varlen for c in bench.MATRICES["default"] + bench.MATRICES["quick"])
+    assert sum(c.varlen for c in MATRICES["coverage"]) == 2
+    assert not any(c.varlen for c in MATRICES["default"] + MATRICES["quick"])
 
 
 def test_a_varlen_case_is_consistent_with_its_lengths():
@@ -669,20 +681,20 @@ def test_a_varlen_case_is_consistent_with_its_lengths():
     with pytest.raises(BenchUsageError, match="batch = 2 sequences and seq = the longest, 9"):
         Case(2, 10, 4, 64, lens=(3, 9))
     with pytest.raises(BenchUsageError, match="at least one sequence"):
-        bench.varlen_case((), 4, 64)
+        varlen_case((), 4, 64)
     assert RAGGED.label == "varlen(3 seqs, 7407 tok, max 4096; 32,128) bf16 non-causal"
-    small = bench.varlen_case((5, 9), 8, 64, "f16", True, 2)
+    small = varlen_case((5, 9), 8, 64, "f16", True, 2)
     assert small.label == "varlen(2 seqs, 14 tok, max 9; 8,64) kv2 f16 causal"
 
 
 def test_varlen_flops_are_summed_per_sequence():
     squares = 1000**2 + 4096**2 + 2311**2
     assert RAGGED.flops == 4 * 32 * 128 * squares
-    assert bench.varlen_case(RAGGED.lens, 32, 128, causal=True).flops == 2 * 32 * 128 * squares  # halved
+    assert varlen_case(RAGGED.lens, 32, 128, causal=True).flops == 2 * 32 * 128 * squares  # halved
     assert RAGGED.padded_flops == 4 * 3 * 32 * 4096**2 * 128 != RAGGED.flops
     assert RAGGED.padding_efficiency == pytest.approx(squares / (3 * 4096**2))
-    assert bench.varlen_case(RAGGED.lens, 32, 128, kv_heads=4).flops == RAGGED.flops  # K/V heads change nothing
-    assert bench.varlen_case((1024,) * 4, 32, 128).flops == Case(4, 1024, 32, 128).flops  # equal lengths: dense
+    assert varlen_case(RAGGED.lens, 32, 128, kv_heads=4).flops == RAGGED.flops  # K/V heads change nothing
+    assert varlen_case((1024,) * 4, 32, 128).flops == Case(4, 1024, 32, 128).flops  # equal lengths: dense
     assert SEED.padding_efficiency == 1.0 and SEED.total_tokens == 1024
     assert RAGGED.total_tokens == 7407 and RAGGED.tensor_bytes == 7407 * 32 * 128 * 2
     assert RAGGED.scores == 32 * squares
@@ -702,16 +714,16 @@ def test_varlen_rows_name_their_yardstick_in_json():
 
 
 def test_varlen_peers_and_their_order():
-    config = bench.parse_config(["--varlen", "100,200"])
-    order = [(p.name, split) for p, split in bench.peers_for(config.cases[0], config, block_n=128)]
+    config = parse_config(["--varlen", "100,200"])
+    order = [(p.name, split) for p, split in peers_for(config.cases[0], config, block_n=128)]
     assert order == [("cudnn", None), ("flex", None), ("cudnn_varlen", None), ("flash_varlen", None),
                      ("flashgen[96+32]", (96, 32)), ("flashgen[64+64]", (64, 64))]
-    (padded, _), *_ = bench.peers_for(config.cases[0], config, block_n=128)
-    assert padded is bench.VARLEN_PEER_IMPLS["cudnn"] and padded.output is bench._unpadded
-    dense = bench.parse_config(["--shape", "1,1024,64,128", "--all-peers"])
-    names = [p.name for p, _ in bench.peers_for(dense.cases[0], dense, block_n=128)]
+    (padded, _), *_ = peers_for(config.cases[0], config, block_n=128)
+    assert padded is VARLEN_PEER_IMPLS["cudnn"] and padded.output is _unpadded
+    dense = parse_config(["--shape", "1,1024,64,128", "--all-peers"])
+    names = [p.name for p, _ in peers_for(dense.cases[0], dense, block_n=128)]
     assert "cudnn_varlen" not in names and "flash_varlen" not in names and "unfused" in names
-    assert bench.peer_names(RAGGED, bench.ALL_PEERS) == ["flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen"]
+    assert peer_names(RAGGED, ALL_PEERS) == ["flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen"]
 
 
 def _varlen_rows(case=RAGGED):
@@ -720,26 +732,26 @@ def _varlen_rows(case=RAGGED):
 
 
 def test_varlen_ratios_are_to_the_padded_cudnn_and_averaged_apart():
-    rows = bench.finalize(_rows() + _varlen_rows())
+    rows = finalize(_rows() + _varlen_rows())
     by = {(r.impl, r.case): r for r in rows}
     assert by[("flashgen", RAGGED)].ratio_to_cudnn == pytest.approx(2.5)
     assert by[("cudnn_varlen", RAGGED)].ratio_to_cudnn == pytest.approx(2.0)
-    table = bench.summary_table(rows)
+    table = summary_table(rows)
     assert table[0] == ["shape", "cuDNN ms", "cuDNN TFLOPS", "flashgen", "cudnn_varlen"]
     assert table[2][0] == RAGGED.label + " (vs cudnn-padded)" and table[2][3] == "2.500x (96+32)"
     assert table[-2][0] == "geomean" and table[-2][3] == f"{0.0636 / 0.055:.3f}x (1/1)" and table[-2][4] == "- (0/1)"
     assert table[-1] == ["geomean varlen (vs cudnn-padded)", "", "", "2.500x (1/1)", "2.000x (1/1)"]
-    only_varlen = bench.summary_table(bench.finalize(_varlen_rows()))
+    only_varlen = summary_table(finalize(_varlen_rows()))
     assert [r[0] for r in only_varlen[1:]] == [RAGGED.label + " (vs cudnn-padded)", "geomean varlen (vs cudnn-padded)"]
 
 
 def test_varlen_tables_and_markdown_say_padded(tmp_path):
-    causal = bench.varlen_case(RAGGED.lens, 32, 128, "bf16", causal=True)
-    rows = bench.finalize(_varlen_rows() + _varlen_rows(causal))
-    names = [r[0] for r in bench.case_table(rows)[1:]]
+    causal = varlen_case(RAGGED.lens, 32, 128, "bf16", causal=True)
+    rows = finalize(_varlen_rows() + _varlen_rows(causal))
+    names = [r[0] for r in case_table(rows)[1:]]
     assert "cudnn (padded, key-padding mask)" in names and "cudnn (padded)" in names
     meta = {"gpu": "NVIDIA H200", "date_utc_stamp": "20261130T120000Z"}
-    (path, md_path, *_) = bench.save_results(bench.BenchResult(meta, tuple(rows), "table"), tmp_path)
+    (path, md_path, *_) = save_results(BenchResult(meta, tuple(rows), "table"), tmp_path)
     md = md_path.read_text()
     assert "Sequence lengths (q = k): 1000, 4096, 2311" in md and "zero-padded (3, 4096) batch" in md
     assert "padding efficiency" in md and "| geomean varlen (vs cudnn-padded) |" in md
@@ -754,20 +766,20 @@ def _unavailable_torch():
 
 @pytest.mark.parametrize("name", ["cudnn_varlen", "flash_varlen"])
 def test_a_torch_without_ragged_kernels_skips_their_rows(name):
-    inputs = bench.Inputs(sets=(), ref=None)
-    row = bench.measure(_unavailable_torch(), bench.VARLEN_PEER_IMPLS[name], None, RAGGED, inputs,
-                        bench.parse_config(["--varlen", "100,200"]))
+    inputs = Inputs(sets=(), ref=None)
+    row = measure(_unavailable_torch(), VARLEN_PEER_IMPLS[name], None, RAGGED, inputs,
+                        parse_config(["--varlen", "100,200"]))
     assert row.skipped.startswith("torch 2.0.0 has no aten::_") and row.ms is None and row.error is None
 
 
 def test_aten_op_checks_the_arguments_it_will_pass():
     torch = pytest.importorskip("torch")
     # The keywords the ragged peers pass are in this torch's schemas (on the GPU machine too, or skipped rows).
-    kwargs = bench._ragged_kwargs(bench.Inputs((), None, cu_seqlens=None), RAGGED)
-    assert bench.aten_op(torch, "_flash_attention_forward", ("query", "key", "value", *kwargs))
-    assert bench.aten_op(torch, "_cudnn_attention_forward", ("query", "attn_bias", "compute_log_sumexp", *kwargs))
-    with pytest.raises(bench.Unavailable, match="takes no seqlens_q"):
-        bench.aten_op(torch, "_flash_attention_forward", ("query", "seqlens_q"))
+    kwargs = _ragged_kwargs(Inputs((), None, cu_seqlens=None), RAGGED)
+    assert aten_op(torch, "_flash_attention_forward", ("query", "key", "value", *kwargs))
+    assert aten_op(torch, "_cudnn_attention_forward", ("query", "attn_bias", "compute_log_sumexp", *kwargs))
+    with pytest.raises(Unavailable, match="takes no seqlens_q"):
+        aten_op(torch, "_flash_attention_forward", ("query", "seqlens_q"))
 
 
 def test_flashgen_varlen_calls_use_the_varlen_interface(monkeypatch):
@@ -785,9 +797,9 @@ def test_flashgen_varlen_calls_use_the_varlen_interface(monkeypatch):
         return Prepared()
 
     monkeypatch.setattr(codegen.api, "prepare", prepare)
-    case = bench.varlen_case((5, 9), 8, 64, "f16", True, 2)
-    inputs = bench.Inputs((("q0", "k0", "v0"), ("q1", "k1", "v1")), None, cu_seqlens="cu")
-    calls = bench._flashgen_varlen_calls((64, 64))(None, inputs, case)
+    case = varlen_case((5, 9), 8, 64, "f16", True, 2)
+    inputs = Inputs((("q0", "k0", "v0"), ("q1", "k1", "v1")), None, cu_seqlens="cu")
+    calls = _flashgen_varlen_calls((64, 64))(None, inputs, case)
     assert [c() for c in calls] == ["o", "o"]
     assert seen == [("q0", "k0", "v0", "cu", "cu", 9, 9, True, (64, 64)), ("q1", "k1", "v1", "cu", "cu", 9, 9, True,
                                                                             (64, 64))]
@@ -795,15 +807,15 @@ def test_flashgen_varlen_calls_use_the_varlen_interface(monkeypatch):
 
 def test_padding_helpers():
     torch = pytest.importorskip("torch")
-    assert bench.cu_seqlens_of((2, 3, 1)) == [0, 2, 5, 6]
-    rows = bench.padded_rows(torch, (2, 3, 1), 3)
+    assert cu_seqlens_of((2, 3, 1)) == [0, 2, 5, 6]
+    rows = padded_rows(torch, (2, 3, 1), 3)
     assert rows.tolist() == [0, 1, 3, 4, 5, 6]
     packed = torch.arange(1, 7, dtype=torch.float32)[:, None, None].expand(6, 2, 4).contiguous()
-    padded = bench.pad_packed(torch, packed, (2, 3, 1), 3)
+    padded = pad_packed(torch, packed, (2, 3, 1), 3)
     assert padded.shape == (3, 3, 2, 4)
     assert padded[:, :, 0, 0].tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0]]
-    assert torch.equal(bench.unpad(padded, rows), packed)
-    bias = bench.key_padding_bias(torch, (2, 3, 1), 3, torch.float16)
+    assert torch.equal(unpad(padded, rows), packed)
+    bias = key_padding_bias(torch, (2, 3, 1), 3, torch.float16)
     assert bias.shape == (3, 1, 1, 3) and bias.dtype == torch.float16
     assert bias[:, 0, 0].tolist() == [[0, 0, -math.inf], [0, 0, 0], [0, -math.inf, -math.inf]]
 
@@ -815,7 +827,7 @@ def test_varlen_reference_is_attention_per_sequence(causal, kv_heads):
     lens, heads, kv = (5, 17, 1, 30), 4, kv_heads or 4
     q = torch.randn(sum(lens), heads, 64, dtype=torch.float64)
     k, v = (torch.randn(sum(lens), kv, 64, dtype=torch.float64) for _ in range(2))
-    ref = bench.varlen_reference(q, k, v, lens, causal=causal)
+    ref = varlen_reference(q, k, v, lens, causal=causal)
     assert ref.shape == q.shape and ref.dtype == torch.float64
     start = 0
     for n in lens:  # SDPA's float64 math, one sequence at a time: an independent check
@@ -828,17 +840,17 @@ def test_varlen_reference_is_attention_per_sequence(causal, kv_heads):
 
 def test_make_varlen_inputs_on_the_cpu():
     torch = pytest.importorskip("torch")
-    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", False, 2)
-    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
-    assert len(inputs.sets) == bench.input_set_count(case) == bench.MAX_INPUT_SETS
+    case = varlen_case((5, 17, 1, 30), 4, 64, "f16", False, 2)
+    inputs = make_varlen_inputs(torch, case, device="cpu")
+    assert len(inputs.sets) == input_set_count(case) == MAX_INPUT_SETS
     q, k, v = inputs.sets[0]
     assert q.shape == (53, 4, 64) and k.shape == v.shape == (53, 2, 64)
     assert inputs.padded[0][0].shape == (4, 30, 4, 64) and inputs.padded[0][1].shape == (4, 30, 2, 64)
-    assert torch.equal(bench.unpad(inputs.padded[1][2], inputs.valid), inputs.sets[1][2])
+    assert torch.equal(unpad(inputs.padded[1][2], inputs.valid), inputs.sets[1][2])
     assert inputs.cu_seqlens.tolist() == [0, 5, 22, 23, 53] and inputs.cu_seqlens.dtype == torch.int32
     assert inputs.doc_ids.tolist() == [0] * 5 + [1] * 17 + [2] + [3] * 30
     assert inputs.key_mask.shape == (4, 1, 1, 30)
-    assert bench.make_varlen_inputs(torch, bench.varlen_case((5, 9), 4, 64, causal=True), "cpu").key_mask is None
+    assert make_varlen_inputs(torch, varlen_case((5, 9), 4, 64, causal=True), "cpu").key_mask is None
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2])
@@ -847,9 +859,9 @@ def test_padded_cudnn_peer_is_right_on_the_valid_rows(causal, kv_heads):
     torch = pytest.importorskip("torch")
     from codegen.check import rel_err
 
-    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
-    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
-    peer = bench.VARLEN_PEER_IMPLS["cudnn"]
+    case = varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
+    inputs = make_varlen_inputs(torch, case, device="cpu")
+    peer = VARLEN_PEER_IMPLS["cudnn"]
     calls = peer.make(torch, inputs, case)  # SDPA's default backend on the CPU, on the padded batch
     assert len(calls) == len(inputs.sets) and calls[0]().shape == (4, 30, 4, 64)
     assert rel_err(peer.output(calls[0](), inputs), inputs.ref) < 1e-5
@@ -867,17 +879,17 @@ def test_flex_varlen_peer_masks_each_sequence(causal, kv_heads, monkeypatch):
     from codegen.check import rel_err
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
-    case = bench.varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
-    inputs = bench.make_varlen_inputs(torch, case, device="cpu")
-    calls = bench._flex_varlen_calls(torch, inputs, case)
+    case = varlen_case((5, 17, 1, 30), 4, 64, "f16", causal, kv_heads)
+    inputs = make_varlen_inputs(torch, case, device="cpu")
+    calls = _flex_varlen_calls(torch, inputs, case)
     assert calls[0]().shape == (53, 4, 64)
     assert rel_err(calls[0](), inputs.ref) < 1e-5
 
 
 def test_flash_varlen_calls_build_against_this_torch():
     torch = pytest.importorskip("torch")
-    inputs = bench.make_varlen_inputs(torch, bench.varlen_case((5, 9), 4, 64), device="cpu")
-    assert len(bench._flash_varlen_calls(torch, inputs, RAGGED)) == len(inputs.sets)  # (runs on CUDA only)
+    inputs = make_varlen_inputs(torch, varlen_case((5, 9), 4, 64), device="cpu")
+    assert len(_flash_varlen_calls(torch, inputs, RAGGED)) == len(inputs.sets)  # (runs on CUDA only)
 
 
 # ---------------------------------------------------------------------------------------------- compile time
@@ -895,7 +907,7 @@ def _toolchain_or_skip():
 
 def test_fresh_cache_dir_is_empty_and_restored(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
-    with bench.fresh_cache_dir() as d:
+    with fresh_cache_dir() as d:
         assert os.environ["FLASHGEN_CACHE_DIR"] == str(d) != str(tmp_path)
         assert not any(d.iterdir())
     assert os.environ["FLASHGEN_CACHE_DIR"] == str(tmp_path) and not d.exists()
@@ -906,7 +918,7 @@ def test_compile_report_cold_then_warm(tmp_path, monkeypatch, capsys):
     user_cache = tmp_path / "user-cache"
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(user_cache))
     out = tmp_path / "results"
-    assert bench.bench_main(["--compile", "--shape", "1,1024,64,128", "--out", str(out)]) == 0
+    assert bench_main(["--compile", "--shape", "1,1024,64,128", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     print(printed)  # the real numbers, for the log (-s)
     assert "flashgen_fwd_sm_90a_s1024_h64_d128_f16_full" in printed and "warm ms" in printed
@@ -927,9 +939,9 @@ def test_compile_report_cold_then_warm(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.gpu
 def test_bench_one_small_shape_on_the_gpu(capsys):
-    config = bench.parse_config(["--shape", "1,1024,4,128", "--iters", "5", "--warmup", "2", "--no-save",
+    config = parse_config(["--shape", "1,1024,4,128", "--iters", "5", "--warmup", "2", "--no-save",
                                  "--peers", "flashgen,cudnn,unfused"])
-    result = bench.run_gpu(config, progress=lambda line: None)
+    result = run_gpu(config, progress=lambda line: None)
     rows = {r.impl: r for r in result.rows}
     assert {"flashgen", "flashgen[96+32]", "flashgen[64+64]", "cudnn", "unfused"} <= set(rows)
     assert rows["flashgen"].ok and rows["cudnn"].ok, [r.error for r in result.rows]
@@ -938,9 +950,9 @@ def test_bench_one_small_shape_on_the_gpu(capsys):
 
 @pytest.mark.gpu
 def test_bench_one_small_gqa_shape_on_the_gpu():
-    config = bench.parse_config(["--shape", "1,1024,8,128:2", "--causal", "--iters", "5", "--warmup", "2",
+    config = parse_config(["--shape", "1,1024,8,128:2", "--causal", "--iters", "5", "--warmup", "2",
                                  "--no-save", "--peers", "flashgen,cudnn,flex,unfused"])
-    result = bench.run_gpu(config, progress=lambda line: None)
+    result = run_gpu(config, progress=lambda line: None)
     rows = {r.impl: r for r in result.rows}
     assert rows["flashgen"].ok and rows["unfused"].ok, [r.error for r in result.rows]
     assert rows["flashgen"].rel_err < 2e-3 and rows["unfused"].rel_err < 2e-2
@@ -951,9 +963,9 @@ def test_bench_one_small_gqa_shape_on_the_gpu():
 @pytest.mark.parametrize("causal", [False, True])
 def test_bench_one_small_varlen_shape_on_the_gpu(causal):
     peers = "flashgen,cudnn,cudnn_varlen,flash_varlen,flex"
-    config = bench.parse_config(["--varlen", "200,1024,515,64", "--heads", "8", "--kv-heads", "2", "--iters", "5",
+    config = parse_config(["--varlen", "200,1024,515,64", "--heads", "8", "--kv-heads", "2", "--iters", "5",
                                  "--warmup", "2", "--no-save", "--peers", peers] + (["--causal"] if causal else []))
-    result = bench.run_gpu(config, progress=lambda line: None)
+    result = run_gpu(config, progress=lambda line: None)
     rows = {r.impl: r for r in result.rows}
     assert {"cudnn", "cudnn_varlen", "flash_varlen", "flex", "flashgen"} <= set(rows)  # measured, skipped or error
     padded = rows["cudnn"]  # the yardstick: cuDNN on the zero-padded (4, 1024) batch, error over the valid rows
@@ -970,7 +982,7 @@ def test_bench_one_small_varlen_shape_on_the_gpu(causal):
 
 def _target_rows(seed, five, **extra):
     """Result rows as `gen.py bench --matrix default` writes them: a flashgen row per case, with decoys."""
-    from codegen.bench import targets
+    from bench import targets
 
     rows = []
     for shape, ratio in [(targets.SEED, seed)] + list(zip(targets.BF16_FIVE, five)):
@@ -984,7 +996,7 @@ def _target_rows(seed, five, **extra):
 
 
 def test_targets_are_judged_per_run():
-    from codegen.bench import targets
+    from bench import targets
 
     met = targets.run_targets(_target_rows(1.12, [1.10, 1.02, 1.05, 1.06, 1.03]), "a")
     assert met.seed == 1.12 and met.seed_met
@@ -1000,7 +1012,7 @@ def test_targets_are_judged_per_run():
 
 
 def test_targets_table_spreads_over_runs(tmp_path):
-    from codegen.bench import targets
+    from bench import targets
 
     for stamp, five in (("20261130T000001Z", [1.06] * 5), ("20261130T000002Z", [1.04] * 5),
                         ("20261130T000003Z", [1.08] * 5)):
@@ -1021,9 +1033,9 @@ def test_targets_table_spreads_over_runs(tmp_path):
 
 def test_targets_read_a_committed_run():
     """The run of bench/LOG.md v17b's table, read back: what the closing note quoted."""
-    from codegen.bench import targets
+    from bench import targets
 
-    path = bench.ROOT / "bench" / "results" / "nvidia-h200-20261130T163017Z.json"
+    path = ROOT / "bench" / "results" / "nvidia-h200-20261130T163017Z.json"
     (run,) = targets.load_runs([path])
     assert round(run.seed, 3) == 1.049
     assert [round(r, 3) for r in run.five] == [1.037, 1.038, 1.043, 1.144, 1.019]
@@ -1036,13 +1048,13 @@ def test_gpu_check_ends_with_the_targets_over_its_default_runs(tmp_path, monkeyp
     import importlib.util
     import shutil
 
-    spec = importlib.util.spec_from_file_location("gpu_check", bench.ROOT / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     results = tmp_path / "results"
     results.mkdir()
     for stamp in ("20261130T162839Z", "20261130T163017Z"):
-        shutil.copy(bench.ROOT / "bench" / "results" / f"nvidia-h200-{stamp}.json", results)
+        shutil.copy(ROOT / "bench" / "results" / f"nvidia-h200-{stamp}.json", results)
     shutil.copy(results / "nvidia-h200-20261130T163017Z.json", results / "h200-latest.json")
     name, status, detail, _ = gpu_check.default_repeats(1, results, tmp_path)
     assert (name, status) == ("targets", "OK")

@@ -1,4 +1,4 @@
-"""codegen.bench.clocks: nvidia-smi samples parsed, reasons decoded, windows summarized (no GPU)."""
+"""bench.clocks: nvidia-smi samples parsed, reasons decoded, windows summarized (no GPU)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from codegen.bench import clocks
-from codegen.bench.report import ROOT
+from bench import clocks
+from bench.report import ROOT
 
 # Lines as nvidia-smi printed them on the H200 (bench/results/clocks/smi-20261130T1734Z-seed-sustained.csv).
 IDLE = "2026/11/30 17:34:26.830, 1980, 121.36, 0x0000000000000000"

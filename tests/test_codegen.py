@@ -11,7 +11,7 @@ import pytest
 import gen
 from codegen import sass
 from codegen.build import build
-from codegen.plan import make_plan, resolve
+from codegen.families import fwd_sm90, make_plan, resolve
 from codegen.render import environment, render
 from codegen.spec import SUPPORTED_BLOCK_N, KernelSpec, SpecError, parse_split
 from layouts import fragments
@@ -142,7 +142,8 @@ def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
     spec = resolve(KernelSpec(seq_len=512, heads=16, head_dim=head_dim))  # short keys: no wide block
     assert (spec.block_n, spec.pv_split) == (block_n, split)
     assert spec.stages >= stages  # 4 fit at D=64 and 96 (3 and 2 are the shared-memory limit elsewhere)
-    assert make_plan(spec).template_context()["conditional_rescale"] is rescale
+    assert make_plan(spec).conditional_rescale is rescale
+    assert f"constexpr bool kConditionalRescale = {str(rescale).lower()};" in render(make_plan(spec)).source
     if head_dim == 96:
         assert make_plan(spec.replace(stages=4)).smem.total <= 227 * 1024
 
@@ -156,11 +157,11 @@ def test_short_key_blocks_resolve(head_dim, block_n, split, stages):
     assert plan.k.block_rows == plan.v.block_rows == block_n and len(plan.v.descriptors()) == block_n // 16
     assert plan.smem.k_bytes == plan.smem.v_bytes == block_n * head_dim * 2
     source = render(plan).source
-    assert f"m64n{block_n}k16" in source and f"float sc[{block_n // 2}];" in source
+    assert f"m64n{block_n}k16" in source and f"constexpr int kBlockN = {block_n};" in source
 
 
 def test_short_key_block_probe_compiles():
-    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=256, block_n=80)), probe=True)
+    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=256, block_n=80)), family="probe_sm90")
     assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
 
 
@@ -235,8 +236,8 @@ def test_accumulator_expressions_match_the_ptx_fragment_formula():
 
 
 def test_rendering_is_strict_about_missing_values():
-    template = environment().get_template("fwd_sm90a.cu.j2")
-    context = make_plan(VARIANTS[0]).template_context()
+    template = environment().get_template("fwd_sm90/kernel.cu.j2")
+    context = fwd_sm90.context(make_plan(VARIANTS[0]))
     del context["q_desc"]
     with pytest.raises(jinja2.UndefinedError):
         template.render(**context)
@@ -263,9 +264,12 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     assert ops["LDL"] == 0 and ops["STL"] == 0, "local memory in the kernel"
 
 
-@pytest.mark.parametrize("head_dim", (128, 96, 192))
-def test_probe_variant_compiles(head_dim):
-    built = build(resolve(KernelSpec(seq_len=128, heads=1, head_dim=head_dim)), probe=True)
+@pytest.mark.parametrize("seq_len, head_dim", ((128, 128), (128, 96), (128, 192), (1024, 128), (1024, 64)))
+def test_probe_variant_compiles(seq_len, head_dim):
+    """The probe of each head dim's tile, the wide default ones (176 and 192 keys at 1024) too."""
+    from codegen.probe import probe_spec
+
+    built = build(probe_spec(KernelSpec(seq_len=seq_len, heads=1, head_dim=head_dim)), family="probe_sm90")
     assert sass.opcode_counts(sass.disassemble(built.compiled.cubin))["HGMMA"] > 0
     assert built.compiled.spill_stores.get(built.rendered.kernel_name, 0) == 0
 
@@ -288,8 +292,8 @@ def test_three_atom_kernel_renders_its_derived_numbers(head_dim):
         assert f"0x{desc:016x}ull" in source
     assert plan.o.formula_c in source and f"(n >> {5 if head_dim == 96 else 6})" in plan.o.formula_c
     assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16" in source  # PV: N = head dim
-    assert f"float o[{head_dim // 2}];" in source
-    assert f"& ~{plan.smem_align - 1}u" in source
+    assert f"constexpr int kHeadDim = {head_dim};" in source
+    assert f"constexpr u32 kSmemAlign = {plan.smem_align};" in source and f"__align__({plan.smem_align})" in source
     assert len(plan.q.descriptors()) == head_dim // 16  # QK^T runs over every 16-column slice
 
 
@@ -388,7 +392,7 @@ def test_persistent_grid_is_bounded_by_the_sms_and_the_tile_counter():
 def test_register_split_fits_what_the_launch_gives():
     """setmaxnreg only moves registers within the CTA's launch allocation (168 a thread at 384 threads); a split
     asking for more makes the consumers' setmaxnreg.inc wait forever (a 32-register producer hung every kernel)."""
-    from codegen import plan as plan_module
+    from codegen.families.fwd_sm90 import plan as plan_module
 
     assert plan_module.LAUNCH_REGS == 168
     assert plan_module.PRODUCER_REGS + 2 * plan_module.CONSUMER_REGS <= 3 * plan_module.LAUNCH_REGS
@@ -459,7 +463,7 @@ def test_next_q_prefetch_only_for_short_tiles():
             plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128, tile_overlap=overlap))
             assert plan.tile_overlap is overlap
             assert plan.prefetch_next_q is expected
-            assert render(plan).source.count("tma_prefetch_5d(&tmap_q") == (1 if expected else 0)
+            assert f"constexpr bool kPrefetchQ = {str(expected).lower()};" in render(plan).source
     for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True),
                   dict(causal=True, persistent=True), dict(window=(256, -1), persistent=True)):
         assert not make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=128, **other)).prefetch_next_q

@@ -14,7 +14,7 @@ import pytest
 
 import gen
 from codegen.export import export_bundle, nvcc_command
-from codegen.plan import resolve
+from codegen.families import resolve
 from codegen.spec import KernelSpec
 
 CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
@@ -76,7 +76,9 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
     plan = bundle.built.plan
     assert plan.spec.persistent  # the canonical kernels are persistent: one CTA per SM, tiles from a counter
     assert f"<<<dim3(ctas), dim3(384), {plan.smem.total}, stream>>>" in launcher
-    assert f"lse, counter, {plan.m_blocks}, batch, scale_log2)" in launcher
+    # The call passes the ABI's parameters in order, each as its launcher expression; tiles_m is the plan's.
+    assert ", ".join(p.launcher for p in plan.abi.params) + ");" in launcher
+    assert f"const int tiles_m = {plan.m_blocks};" in launcher
 
 
 def test_per_tile_launcher_grid(tmp_path):
@@ -85,7 +87,8 @@ def test_per_tile_launcher_grid(tmp_path):
     plan = bundle.built.plan
     assert not plan.spec.persistent
     launcher = (tmp_path / f"{plan.spec.name}_launch.cu").read_text()
-    assert f"<<<dim3({plan.m_blocks}, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
+    assert f"<<<dim3(tiles_m, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
+    assert f"const int tiles_m = {plan.m_blocks};" in launcher
 
 
 @pytest.mark.parametrize("spec", THREE_ATOMS, ids=lambda s: s.name)
@@ -125,12 +128,12 @@ def test_varlen_launcher_passes_the_offsets_and_sizes_tiles_by_the_longest(tmp_p
     assert launcher.count("const long long S = rows") == 4
     assert f"const int tiles_m = (max_seqlen_q + {plan.spec.block_m - 1}) / {plan.spec.block_m};" in launcher
     assert f"max_seqlen_q > {spec.seq_len}" in launcher and f"max_seqlen_k > {spec.keys}" in launcher
-    call = "lse, cu_seqlens_q, cu_seqlens_k, o_bytes, o_row_bytes, o_head_bytes"
+    call = "lse, cu_seqlens_q, cu_seqlens_k, static_cast<unsigned char*>(o), o_row_bytes, o_head_bytes"
     if plan.spec.persistent:
-        assert f"{call},\n      counter, tiles_m, batch, scale_log2);" in launcher
+        assert f"{call}, tile_counter, tiles_m, batch, scale_log2);" in launcher
     else:
         assert f"<<<dim3(tiles_m, {spec.heads}, batch), dim3(384), {plan.smem.total}, stream>>>" in launcher
-        assert f"{call},\n      scale_log2);" in launcher
+        assert f"{call}, scale_log2);" in launcher
     # The launcher's arguments are the kernel's parameters, in order (the manifest lists them).
     names = [a["name"] for a in bundle.built.manifest()["arguments"]]
     assert names[4:10] == ["lse_out", "cu_seqlens_q", "cu_seqlens_k", "o_gmem", "o_row_bytes", "o_head_bytes"]

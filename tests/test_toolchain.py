@@ -147,6 +147,9 @@ def test_pyproject_ships_every_package_and_template():
     }
     missing = on_disk - listed
     assert not missing, f"packages missing from pyproject.toml [tool.setuptools] packages: {sorted(missing)}"
+    # The benchmark harness (bench/, beside its results) runs from a checkout and is not installed.
+    assert not any(p == "bench" or p.startswith("bench.") or ".bench" in p for p in listed), sorted(listed)
+    assert not list((REPO / "codegen").glob("bench/*.py")), "the benchmark package is bench/, at the top"
     assert st["package-dir"]["codegen.templates"] == "templates"
     globs = st["package-data"]["codegen.templates"]
     tdir = REPO / "templates"

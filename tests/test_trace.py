@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
 from codegen import trace
 from codegen.build import build
-from codegen.plan import make_plan, resolve
+from codegen.families import make_plan, resolve
 from codegen.render import render
 from codegen.spec import KernelSpec
 
@@ -87,9 +86,12 @@ def test_every_event_is_written_by_the_traced_source_and_none_by_the_plain_one()
     spec = resolve(KernelSpec(seq_len=1000, heads=8, head_dim=128, trace=True))
     traced = render(make_plan(spec)).source
     plain = render(make_plan(spec.replace(trace=False))).source
-    codes = {int(c) for c in re.findall(r"trace_event\(trace_on, trace_n, trace_row, (\d+)u", traced)}
-    assert codes == set(trace.EVENTS.values())
-    assert "trace_event" not in plain and "flashgen_trace" not in plain
+    # Each event is an enumerator with the code codegen.trace decodes, and the consumer records every one.
+    for name, code in trace.EVENTS.items():
+        enumerator = "kEv" + "".join(w.title() for w in name.split("_"))
+        assert f"{enumerator} = {code}" in traced and f"trace({enumerator}," in traced, name
+    assert "flashgen_trace" in traced and "flashgen_trace" not in plain
+    assert "operator()(TraceEvent, int) {}" in plain  # the plain build's recorder does nothing
     assert (f"kTraceCtas = {trace.TRACE_CTAS}, kTraceWarps = {trace.TRACE_WARPS}, "
             f"kTraceWords = {trace.TRACE_WORDS}") in traced
     assert "tid % 32 == 0" in traced  # the first lane of every consumer warp

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..check import time_gpu, time_gpu_samples
+from codegen.check import time_gpu, time_gpu_samples
 from .cases import Case, block_n_for
 from .config import BenchConfig
 from .inputs import Inputs, make_inputs

@@ -14,7 +14,7 @@ from .config import VARLEN_ONLY_PEERS, VARLEN_PEERS, BenchConfig
 from .inputs import Inputs, unpad
 from .report import split_impl
 
-# Candidate PV splits; a shape gets those that add up to its block_n (codegen.plan decides block_n).
+# Candidate PV splits; a shape gets those that add up to its block_n (codegen.policy decides block_n).
 CANDIDATE_SPLITS = ((96, 32), (64, 64), (32, 32), (64,))
 
 MATH_MAX_SCORES = 2**28  # B*H*S*S above this: the math backend's S x S float scores take minutes and GBs
@@ -24,7 +24,7 @@ UNFUSED_MAX_SCORES = 2**33  # unfused keeps scores and probabilities (2 bytes ea
 def splits_for(block_n: int, requested: Iterable[tuple[int, ...]] = ()) -> tuple[tuple[int, ...], ...]:
     """The PV splits to time for a kernel with this block_n: the requested ones, else every valid candidate,
     else the plan's default split for it (block_n 176 has no candidate)."""
-    from codegen.plan import default_pv_split
+    from codegen.policy import default_pv_split
 
     return (tuple(requested) or tuple(s for s in CANDIDATE_SPLITS if sum(s) == block_n)
             or (tuple(default_pv_split(block_n)),))

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from .cases import Case
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # bench/report.py -> the repository root
 DEFAULT_OUT = ROOT / "bench" / "results"
 
 

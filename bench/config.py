@@ -10,6 +10,7 @@ from typing import Sequence
 
 from .cases import MATRICES, BenchUsageError, Case, case_from, kv_heads_problem, parse_shape, parse_varlen, varlen_case
 from .report import DEFAULT_OUT
+from layouts.dtypes import DTYPE_NAMES
 
 USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compile-time report.
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-dim", type=int, metavar="D", help="head dim of the --varlen cases (default 128)")
     parser.add_argument("--kv-heads", type=int, metavar="KV",
                         help="K/V heads of the --varlen cases (grouped-query; default: as many as --heads)")
-    parser.add_argument("--dtype", default="f16", choices=("f16", "bf16"))
+    parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
     parser.add_argument("--warmup", type=int, default=10)

@@ -90,13 +90,14 @@ def time_compile(spec) -> CompileTiming:
     """Cold: derive + render + NVRTC into an empty cache, with the in-memory derivation and template caches
     emptied first. Warm: the same spec built again (a new plan and render over cached derivations, the cubin
     read back from disk)."""
-    from codegen import plan, render
+    from codegen import families, render
+    from codegen.families.fwd_sm90 import plan
 
     with fresh_cache_dir():
         plan.clear_caches()
         render.environment.cache_clear()
         t0 = time.perf_counter()
-        render.environment().get_template(render.TEMPLATE_BY_ARCH[spec.arch])
+        render.environment().get_template(families.family_for(spec).template)
         template_load = time.perf_counter() - t0
         render.environment.cache_clear()
         cold = _timed_build(spec)
@@ -118,7 +119,7 @@ def import_seconds() -> float | None:
 
 
 def compile_specs(config: BenchConfig) -> list:
-    from codegen.plan import resolve
+    from codegen.families import resolve
 
     specs = []
     for case in config.cases:

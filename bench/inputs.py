@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..check import reference, torch_dtype
+from codegen.check import reference, torch_dtype
 from .cases import Case
 
 ROTATE_BELOW_BYTES = 200 * 2**20  # rotate input copies until the working set is past L2 (50 MB) by far
@@ -70,7 +70,7 @@ def varlen_reference(q, k, v, lens: Sequence[int], *, causal: bool, lens_k: Sequ
     q[cu_q[b]:cu_q[b+1]] against k, v[cu_k[b]:cu_k[b+1]], with its bottom-right causal alignment."""
     import torch
 
-    from ..check import reference_varlen
+    from codegen.check import reference_varlen
 
     cu_q, cu_k = (torch.tensor(cu_seqlens_of(x), dtype=torch.int32) for x in (lens, lens if lens_k is None else lens_k))
     return reference_varlen(q, k, v, cu_q, cu_k, causal=causal)[0]

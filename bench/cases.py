@@ -290,7 +290,7 @@ def kernel_spec(case: Case):
 
 
 def block_n_for(case: Case) -> int:
-    """The block_n codegen.plan resolves for this shape (so the bench follows the generator's choice)."""
-    from codegen.plan import resolve
+    """The block_n codegen.families resolves for this shape (so the bench follows the generator's choice)."""
+    from codegen.families import resolve
 
     return resolve(kernel_spec(case)).block_n

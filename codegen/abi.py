@@ -1,0 +1,122 @@
+"""A kernel family's ABI: the one declaration of what crosses from the host into a kernel.
+
+A family declares, once, in its plan:
+
+* ``Param``s, in the kernel's parameter order: name, C type, how the host packs the value (``Pack``), what
+  it means, and the C expression an exported launcher passes for it;
+* a ``BarrierMap``: the kernel's mbarriers, in shared-memory order, each with its slot count and the
+  arrivals that complete a phase.
+
+Everything else is generated from these: the kernel signature and barrier indices (rendered by
+``templates/common/abi.j2``), the Python packing of a launch (``KernelABI.pack``), the manifest's argument
+list and the export launcher's call. A name declared twice, a value missing or a value left over is an
+error, so the copies cannot drift.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+# An mbarrier object is 64 bits, 8-byte aligned (PTX ISA: "Size and alignment of mbarrier object").
+MBARRIER_BYTES = 8
+
+
+class Pack(enum.Enum):
+    """How the host lays out a parameter's value for cuLaunchKernel (codegen.driver.pack_args)."""
+    TENSOR_MAP = "tensor_map"  # 128 opaque bytes, by value (a __grid_constant__ CUtensorMap)
+    POINTER = "pointer"        # a device address, 64 bits
+    I64 = "i64"                # long long
+    I32 = "i32"                # int
+    F32 = "f32"                # float
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str      # as declared in the kernel signature
+    pack: Pack
+    doc: str        # what the value is (the manifest's description)
+    launcher: str   # the C expression templates/export/launch.cu.j2 passes (its own local names)
+
+    @property
+    def declaration(self) -> str:
+        if self.pack is Pack.TENSOR_MAP:
+            return f"const __grid_constant__ {self.ctype} {self.name}"
+        return f"{self.ctype} {self.name}"
+
+
+@dataclass(frozen=True)
+class Barrier:
+    name: str       # C enum name, kBar<name>
+    slots: int      # consecutive mbarriers (one per ring stage)
+    arrivals: int   # arrivals that complete a phase (mbarrier.init count)
+    doc: str
+
+
+@dataclass(frozen=True)
+class BarrierMap:
+    barriers: tuple[Barrier, ...]
+
+    def __post_init__(self):
+        names = [b.name for b in self.barriers]
+        assert len(set(names)) == len(names), f"barrier declared twice: {names}"
+        assert all(b.slots >= 1 and b.arrivals >= 1 for b in self.barriers), self.barriers
+
+    @property
+    def first(self) -> dict[str, int]:
+        """Barrier name -> index of its first slot."""
+        index, first = 0, {}
+        for b in self.barriers:
+            first[b.name] = index
+            index += b.slots
+        return first
+
+    @property
+    def ring_slots(self) -> int:
+        """The slot count every multi-slot barrier shares (one per ring stage), 1 if there are none."""
+        counts = {b.slots for b in self.barriers if b.slots > 1}
+        assert len(counts) <= 1, f"ring barriers of different depths: {self.barriers}"
+        return counts.pop() if counts else 1
+
+    @property
+    def count(self) -> int:
+        return sum(b.slots for b in self.barriers)
+
+    @property
+    def bytes(self) -> int:
+        return MBARRIER_BYTES * self.count
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    params: tuple[Param, ...]
+    barriers: BarrierMap
+
+    def __post_init__(self):
+        names = [p.name for p in self.params]
+        assert len(set(names)) == len(names), f"parameter declared twice: {names}"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def manifest(self) -> list[dict]:
+        return [{"name": p.name, "type": p.ctype, "pack": p.pack.value, "doc": p.doc} for p in self.params]
+
+    def ordered(self, values: Mapping[str, object]) -> list:
+        """The values in parameter order, typed for codegen.driver.pack_args; every name exactly once."""
+        from .driver import I32
+
+        missing = [n for n in self.names if n not in values]
+        extra = [n for n in values if n not in self.names]
+        if missing or extra:
+            raise ValueError(f"kernel arguments do not match the ABI: missing {missing}, unexpected {extra}")
+        typed = {Pack.TENSOR_MAP: bytes, Pack.POINTER: int, Pack.I64: int, Pack.I32: I32, Pack.F32: float}
+        return [typed[p.pack](values[p.name]) for p in self.params]
+
+    def pack(self, values: Mapping[str, object]):
+        from .driver import pack_args
+
+        return pack_args(self.ordered(values))

@@ -1,0 +1,64 @@
+"""Kernel families: one kind of kernel each, on one pattern.
+
+A family is the spec fields it uses, its plan (every number its kernel needs, layouts derived and verified),
+its ABI (codegen/abi.py: parameters, mbarriers, declared once in the plan), its templates
+(templates/<family>/, sharing templates/common/) and its tests. The forward sm_90a kernel is `fwd_sm90`; the
+basis-vector probe, a different kernel on the same layouts, is `probe_sm90`.
+
+Adding a family (decode, backward, the sm_100a forward):
+
+1. `codegen/families/<name>/plan.py`: a `resolve(spec)` that fills the spec's defaults (from
+   `codegen.policy` rows of its own, with their evidence) and a `Plan` with `spec`, `abi` (a
+   `codegen.abi.KernelABI`), `threads`, `smem.total` and `grid(...)`; layouts only through `layouts/`.
+2. `codegen/families/<name>/__init__.py`: `FAMILY = Family(...)` with the template's name and a
+   `context(plan)` that turns the plan into template values; instrumentation such as `codegen.trace`
+   enters here, never in the plan.
+3. `templates/<name>/kernel.cu.j2` (and partials): the signature, `Params`, barrier enum and init come from
+   `templates/common/abi.j2`; modes are `constexpr bool` in `cfg::` and `if constexpr`, Jinja only for what
+   changes the text (types, unrolled counts, derived formulas); at most 12 `{% if` and 450 lines a file
+   (tests/test_families.py holds every template to it).
+4. Register it in FAMILIES below; `codegen.build.build(spec, family=...)` then renders, compiles and
+   describes it (manifest, export) from its ABI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    template: str                    # the kernel template, by name under templates/
+    resolve: Callable[[Any], Any]    # spec -> spec with every default filled
+    make_plan: Callable[[Any], Any]  # resolved spec -> plan
+    context: Callable[[Any], dict]   # plan -> template values
+    kernel_name: Callable[[Any], str]
+
+
+def _registry() -> dict[str, Family]:
+    from . import fwd_sm90, probe_sm90
+
+    return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY)}
+
+
+def get(name: str) -> Family:
+    families = _registry()
+    if name not in families:
+        raise KeyError(f"no kernel family {name!r}; known: {sorted(families)}")
+    return families[name]
+
+
+def family_for(spec) -> Family:
+    """The family a spec belongs to by default (its own kernel, not a probe)."""
+    return get("fwd_sm90")
+
+
+def resolve(spec):
+    return family_for(spec).resolve(spec)
+
+
+def make_plan(spec):
+    family = family_for(spec)
+    return family.make_plan(family.resolve(spec))

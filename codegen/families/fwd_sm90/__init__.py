@@ -1,0 +1,129 @@
+"""The forward attention kernel for sm_90a: warp-specialized, TMA loads into a K/V ring, wgmma, online
+softmax, optionally persistent over tiles (templates/fwd_sm90/, the plan in plan.py, the ABI in abi.py)."""
+
+from __future__ import annotations
+
+from layouts import fragments
+
+from codegen import trace
+from codegen.abi import MBARRIER_BYTES
+from codegen.spec import ROWS_PER_CONSUMER
+
+from .. import Family
+from . import abi as fwd_abi
+from .plan import (CONSUMER_REGS, PRODUCER_REGS, WARPS_PER_WARPGROUP, Plan, _check_fragments, make_plan,
+                   resolve)
+
+# The device functions' names for a tile's tensor-map coordinates (its first sequence row, head, batch).
+TMA_COORD_PARAMS = ("row", "head", "batch")
+
+
+# What the kernel's TMA does with each operand's tile.
+TILE_TMA = {"q": ("load", "prefetch"), "k": ("load",), "v": ("load",), "o": ("store",)}
+
+
+def tma_tiles(plan: Plan, verbs: dict[str, tuple[str, ...]]) -> list[dict]:
+    """Per operand: the TMA device functions to emit, the tensor-map rank and its coordinates as C."""
+    return [{"name": name, "verbs": verbs[name], "rank": getattr(plan, name).tensor_map.rank,
+             "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
+             "coords": plan.origin_c(getattr(plan, name), TMA_COORD_PARAMS)} for name in verbs]
+
+
+def summary(plan: Plan) -> str:
+    s = plan.spec
+    return (f"{s.name}: S={s.seq_len} H={s.heads} D={s.head_dim} {s.dtype} "
+            f"{'causal' if s.causal else 'non-causal'}, block {s.block_m}x{s.block_n}, "
+            f"PV split {'+'.join(map(str, s.pv_split))}, {s.stages} stages")
+
+
+def _tiles_summary(plan: Plan) -> str:
+    if not plan.spec.persistent:
+        return "one tile per CTA; its O is stored after its last PV."
+    boundary = ("a tile's O is stored while the next tile's first QK^T runs" if plan.tile_overlap
+                else "a tile's O is stored after its last PV")
+    return boundary + ("; the next tile's Q is prefetched to L2 during this one." if plan.prefetch_next_q else ".")
+
+
+def modes(plan: Plan) -> list[tuple[str, bool]]:
+    """The kernel's code paths, as cfg::k<Name> constants (the template branches on them with if constexpr)."""
+    s = plan.spec
+    return [
+        ("Persistent", bool(s.persistent)),  # one CTA per SM taking tiles from a counter
+        ("Varlen", s.varlen),                # lengths from cu_seqlens at run time
+        ("Pingpong", s.pingpong),            # the consumers take turns issuing their MMAs
+        ("TileOverlap", plan.tile_overlap),  # a tile's O stored under the next tile's first QK
+        ("PrefetchQ", plan.prefetch_next_q),  # the next tile's Q pulled to L2 during this one
+        ("QkOverwrites", plan.qk_overwrites),  # QK's first k-slice writes S without reading it
+        ("ConditionalRescale", plan.conditional_rescale),  # O rescaled only when a row max grew
+        ("TailMask", plan.tail_mask),        # some key block reads keys past the end
+        # Later query tiles see more keys only when a right bound (causal) moves with the query.
+        ("LongTilesLast", plan.window_bounds[1] >= 0),
+    ]
+
+
+def context(plan: Plan) -> dict:
+    s = plan.spec
+    tail_n = plan.tail_n
+    _check_fragments(s.block_n, s.head_dim, tail_n)
+    qk_widths = sorted({s.block_n, tail_n or s.block_n}, reverse=True)
+    abi = plan.abi
+    return {
+        "summary": summary(plan),
+        "tiles_summary": _tiles_summary(plan),
+        "kernel_name": s.name,
+        "persistent": bool(s.persistent),
+        "pingpong": s.pingpong,
+        "ptx_type": s.dtype,
+        "seq_len": s.seq_len,
+        "seq_len_k": s.keys,
+        "group": s.group,
+        "window_left": plan.window_bounds[0],
+        "window_right": plan.window_bounds[1],
+        "softcap_c": f"{float(s.softcap)!r}f",
+        "heads": s.heads,
+        "head_dim": s.head_dim,
+        "block_m": s.block_m,
+        "block_n": s.block_n,
+        "rows_per_consumer": ROWS_PER_CONSUMER,
+        "warps_per_consumer": WARPS_PER_WARPGROUP,
+        "stages": s.stages,
+        "elem_bytes": s.elem_bytes,
+        "tail_n": tail_n,
+        "modes": modes(plan),
+        "qk_widths": qk_widths,
+        "qk_wgmmas": [{"name": f"wgmma_qk{n}{'_first' if fresh else ''}", "n": n, "fresh": fresh}
+                      for n in qk_widths for fresh in (False, True)],
+        "pv_chunks": plan.pv_chunks,
+        "pv_chunk_sizes": list(s.pv_split),
+        # The last block's PV: over a short tail's keys only, else the whole split.
+        "last_pv_chunks": plan.chunks_within(tail_n // 16) if tail_n else plan.pv_chunks,
+        "o_vector_elems": plan.o_vector_elems,
+        "threads": plan.threads,
+        "producer_regs": PRODUCER_REGS,
+        "consumer_regs": CONSUMER_REGS,
+        "smem": plan.smem,
+        "smem_align": plan.smem_align,
+        "q_desc": plan.q.descriptors(),
+        "k_desc": plan.k.descriptors(),
+        "v_desc": plan.v.descriptors(),
+        "k_trans": plan.k.mma_transpose,
+        "v_trans": plan.v.mma_transpose,
+        "desc_address_shift": plan.desc_address_shift,
+        "o_offset_c": plan.o.formula_c,
+        "acc": fragments.wgmma_accumulator_c(),
+        "tma_ranks": sorted({op.tensor_map.rank for op in (plan.q, plan.k, plan.v, plan.o)}),
+        "tma_tiles": tma_tiles(plan, TILE_TMA),
+        "abi": abi,
+        "family_params": fwd_abi.ALL_PARAMS,
+        "family_barriers": fwd_abi.BARRIER_NAMES,
+        "mbarrier_bytes": MBARRIER_BYTES,
+        "trace": s.trace,
+        "trace_events": trace.EVENTS,
+        "trace_ctas": trace.TRACE_CTAS,
+        "trace_warps": trace.TRACE_WARPS,
+        "trace_words": trace.TRACE_WORDS,
+    }
+
+
+FAMILY = Family(name="fwd_sm90", template="fwd_sm90/kernel.cu.j2", resolve=resolve, make_plan=make_plan,
+                context=context, kernel_name=lambda spec: spec.name)
