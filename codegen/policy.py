@@ -8,7 +8,7 @@ table reads top to bottom as the policy. The measurements themselves are in benc
 
 The lookup functions (`default_block_n`, `default_pv_split`, `persistent_by_default`, `tile_overlap_by_default`,
 `alike_tiles`) and the constants (`MAX_STAGES`, ..., `PLAIN_BOUNDARY_MAX_KEYS`) are read off the table and keep
-the names, signatures and results `codegen.plan` has had. `describe()` renders the table for docs.
+the names, signatures and results the plan had before it read them from here (codegen/families/fwd_sm90/plan.py). `describe()` renders the table for docs.
 
 This module depends on `codegen.spec` only: no plan, no trace, no torch.
 """
@@ -292,7 +292,7 @@ def _bound(knob: str, value: Any, field: str, op: str) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The lookups and constants codegen.plan has used (same names, signatures and results).
+# The lookups and constants the forward plan reads (the names and results it had before this table).
 
 MAX_STAGES: int = next(c.value for c in rows("max_stages") if not c.where)
 PERSISTENT_MAX_STAGES: int = next(c.value for c in rows("max_stages") if c.where == (is_("persistent"),))
@@ -320,7 +320,7 @@ def _block_n_tables() -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
 
 
 # head_dim -> block_n, and head_dim -> (block_n, from how many keys) for dense attention (no causal or window
-# bound, fixed lengths): the block_n rows in codegen.plan's old form.
+# bound, fixed lengths): the block_n rows in the plan's old form.
 DEFAULT_BLOCK_N, WIDE_BLOCK_N = _block_n_tables()
 
 
