@@ -5,7 +5,9 @@ A family declares, once, in its plan:
 * ``Param``s, in the kernel's parameter order: name, C type, how the host packs the value (``Pack``), what
   it means, and the C expression an exported launcher passes for it;
 * a ``BarrierMap``: the kernel's mbarriers, in shared-memory order, each with its slot count and the
-  arrivals that complete a phase.
+  arrivals that complete a phase;
+* a ``Grid``: how many CTAs a launch takes, in Python (the API), in C (the export launcher) and in words
+  (the manifest), from one rule.
 
 Everything else is generated from these: the kernel signature and barrier indices (rendered by
 ``templates/common/abi.j2``), the Python packing of a launch (``KernelABI.pack``), the manifest's argument
@@ -89,10 +91,50 @@ class BarrierMap:
         return MBARRIER_BYTES * self.count
 
 
+class GridError(ValueError):
+    """A launch the grid rule cannot express."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One CTA per (query tile, head, batch entry), or, persistent, at most one per SM, the CTAs taking the
+    tiles from a 32-bit counter (which the kernel advances past the last tile by up to one per CTA)."""
+
+    persistent: bool
+    heads: int
+
+    def dims(self, *, tiles_m: int, batch: int, sms: int = 0) -> tuple[int, int, int]:
+        if not self.persistent:
+            return (tiles_m, self.heads, batch)
+        if sms < 1:
+            raise ValueError("a persistent kernel's grid needs the device's SM count")
+        tiles = tiles_m * self.heads * batch
+        if tiles >= 2**31 - 1 - sms:
+            raise GridError(f"{tiles} query tiles overflow the persistent kernel's 32-bit tile counter; "
+                            "pass persistent=False")
+        return (min(tiles, sms), 1, 1)
+
+    def c_launch(self) -> tuple[str, str]:
+        """(C statements before the launch, the grid's dim3) over the launcher's tiles_m, batch and sms."""
+        if not self.persistent:
+            return "", f"dim3(tiles_m, {self.heads}, batch)"
+        setup = (f"const long long tiles = (long long)tiles_m * {self.heads} * batch;\n"
+                 "  if (tiles >= 2147483647LL - sms) return cudaErrorInvalidValue;  // the kernel's 32-bit tile counter\n"
+                 "  const int ctas = (int)(tiles < sms ? tiles : sms);")
+        return setup, "dim3(ctas)"
+
+    def describe(self, tiles_m: str, batches: str) -> dict:
+        if self.persistent:
+            return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {self.heads}",
+                    "y": "1", "z": "1"}
+        return {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches}
+
+
 @dataclass(frozen=True)
 class KernelABI:
     params: tuple[Param, ...]
     barriers: BarrierMap
+    grid: Grid
 
     def __post_init__(self):
         names = [p.name for p in self.params]

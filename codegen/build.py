@@ -50,15 +50,10 @@ class BuiltKernel:
             "nvrtc_version": ".".join(map(str, self.compiled.nvrtc_version)),
         }
 
-
     def grid_description(self) -> dict:
         spec, plan = self.spec, self.plan
         tiles_m = "ceil(max_seqlen_q / block_m)" if spec.varlen else "ceil(S / block_m) = %d" % plan.m_blocks
-        batches = "sequences" if spec.varlen else "batch"
-        if spec.persistent:
-            return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {spec.heads}",
-                    "y": "1", "z": "1"}
-        return {"x": tiles_m, "y": "heads = %d" % spec.heads, "z": batches}
+        return plan.abi.grid.describe(tiles_m, "sequences" if spec.varlen else "batch")
 
     def global_layout(self) -> str:
         spec = self.spec

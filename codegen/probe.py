@@ -115,7 +115,7 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
             batch=batch, seq_len=seq, heads=1, stride_b=t.stride(0), stride_s=t.stride(1), stride_h=d)
         values[f"tmap_{name}"] = driver.encode_tensor_map(params, t.data_ptr())
     stream = torch.cuda.current_stream(dev).cuda_stream
-    grid = (1, 1, batch)
+    grid = plan.abi.grid.dims(tiles_m=1, batch=batch)  # one CTA per injection
     driver.launch(kernel, grid, plan.threads, stream, plan.abi.pack(values))
     torch.cuda.synchronize(dev)
     s_hw, o_hw = s_out.double().cpu(), o_out.double().cpu()

@@ -6,7 +6,7 @@ packing (`codegen.api`), the manifest and the export launcher are generated from
 
 from __future__ import annotations
 
-from codegen.abi import Barrier, BarrierMap, KernelABI, Pack, Param
+from codegen.abi import Barrier, BarrierMap, Grid, KernelABI, Pack, Param
 
 LOG2E = 1.4426950408889634
 
@@ -43,7 +43,7 @@ ALL_PARAMS = _MAPS + (_LSE,) + _VARLEN + _PERSISTENT + (_SCALE,)
 BARRIER_NAMES = ("QFull", "KFull", "VFull", "KEmpty", "VEmpty", "QEmpty")
 
 
-def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int) -> KernelABI:
+def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int, heads: int) -> KernelABI:
     params = _MAPS + (_LSE,) + (_VARLEN if varlen else ()) + (_PERSISTENT if persistent else ()) + (_SCALE,)
     # K and V slots are released separately: K once QK has read it, V once PV has, so with two stages the
     # next K load starts a whole PV earlier than a shared K/V release would let it.
@@ -57,4 +57,4 @@ def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: i
     if persistent:
         barriers.append(Barrier("QEmpty", 1, consumer_warps, "every consumer warp's last QK has read Q"))
     assert {b.name for b in barriers} <= set(BARRIER_NAMES)
-    return KernelABI(params, BarrierMap(tuple(barriers)))
+    return KernelABI(params, BarrierMap(tuple(barriers)), Grid(persistent=persistent, heads=heads))

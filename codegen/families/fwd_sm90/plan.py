@@ -21,7 +21,7 @@ from layouts import mma as layouts_mma
 from layouts.derive import to_c
 
 from codegen import policy
-from codegen.abi import KernelABI
+from codegen.abi import GridError, KernelABI
 from codegen.spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
 from .abi import kernel_abi
@@ -128,7 +128,7 @@ class Plan:
     def abi(self) -> KernelABI:
         s = self.spec
         return kernel_abi(stages=s.stages, persistent=bool(s.persistent), varlen=s.varlen,
-                          consumer_warps=CONSUMER_WARPS)
+                          consumer_warps=CONSUMER_WARPS, heads=s.heads)
 
     @property
     def window_bounds(self) -> tuple[int, int]:
@@ -194,16 +194,11 @@ class Plan:
         return self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // self.spec.block_m)
 
     def grid(self, batch: int, max_seqlen_q: int | None = None, sms: int = 0) -> tuple[int, int, int]:
-        """One CTA per query tile, head and sequence; a persistent kernel runs one CTA per SM (`sms`) at most."""
-        tiles_m = self.tiles_m(max_seqlen_q)
-        if self.spec.persistent:
-            if sms < 1:
-                raise ValueError("a persistent kernel's grid needs the device's SM count")
-            if tiles_m * self.spec.heads * batch >= 2**31 - sms:  # the kernel forms gridDim.x + fetched
-                raise SpecError(f"{tiles_m * self.spec.heads * batch} query tiles overflow the persistent kernel's "
-                                "32-bit tile counter; pass persistent=False")
-            return (min(tiles_m * self.spec.heads * batch, sms), 1, 1)
-        return (tiles_m, self.spec.heads, batch)
+        """The launch grid (the ABI's rule) for `batch` entries (sequences when varlen) on `sms` SMs."""
+        try:
+            return self.abi.grid.dims(tiles_m=self.tiles_m(max_seqlen_q), batch=batch, sms=sms)
+        except GridError as e:
+            raise SpecError(str(e)) from None
 
     @property
     def tile_overlap(self) -> bool:

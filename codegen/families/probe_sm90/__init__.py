@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from codegen import policy
-from codegen.abi import Barrier, BarrierMap, KernelABI, Pack, Param
+from codegen.abi import Barrier, BarrierMap, Grid, KernelABI, Pack, Param
 
 from .. import Family
 from .. import fwd_sm90
@@ -33,7 +33,7 @@ class ProbePlan(Plan):
     def abi(self) -> KernelABI:
         barriers = (Barrier("QFull", 1, 1, "both Q halves have landed"), Barrier("KFull", 1, 1, "K has landed"),
                     Barrier("VFull", 1, 1, "V has landed"))
-        return KernelABI(_PARAMS, BarrierMap(barriers))
+        return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=False, heads=1))  # z: one CTA per injection
 
 
 def probe_resolve(spec):
