@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .cases import Case
+from .cases import Case, varlen_case
 
 ROOT = Path(__file__).resolve().parent.parent  # bench/report.py -> the repository root
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -39,6 +39,15 @@ class Row:
     skipped: str | None = None
     ratio_to_cudnn: float | None = None  # cuDNN ms / this ms: > 1 is faster than cuDNN
     err_vs_ours: float | None = None  # rel_err / flashgen's best rel_err
+    # What users call (flashgen: codegen.attention(...), which checks, resolves, encodes and launches every call),
+    # timed in the same rounds with its host time visible (gpu_run.time_call_samples); the cuDNN yardstick's own
+    # call is timed the same way, so call_vs_cudnn = cuDNN's call_ms / this call_ms. None: not timed (peers, and
+    # results written before call_ms existed); call_error: why the call has no time (it raised, or its output
+    # is wrong), while ms, the kernel through prepare(), may still stand.
+    call_ms: float | None = None
+    call_rel_err: float | None = None
+    call_error: str | None = None
+    call_vs_cudnn: float | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -48,6 +57,10 @@ class Row:
     def ok(self) -> bool:
         return self.ms is not None and self.error is None and self.skipped is None
 
+    @property
+    def call_ok(self) -> bool:
+        return self.call_ms is not None and self.call_error is None and self.skipped is None
+
     def to_json(self) -> dict:
         c = self.case
         return {
@@ -55,6 +68,8 @@ class Row:
             "causal": c.causal, "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
             "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
             "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
+            "call_ms": _finite(self.call_ms), "call_vs_cudnn": _finite(self.call_vs_cudnn),
+            "call_rel_err": _finite(self.call_rel_err), "call_error": self.call_error,
             "pv_split": list(self.pv_split) if self.pv_split else None, "iters": self.iters,
             "error": self.error, "skipped": self.skipped,
             # ratio_to_cudnn divides this implementation's time into the yardstick's: "cudnn" on the problem
@@ -63,6 +78,34 @@ class Row:
             "yardstick": c.yardstick, "varlen": c.varlen, "seqlens": list(c.lens) if c.varlen else None,
             "total_tokens": c.total_tokens, "flops": c.flops, "padding_efficiency": c.padding_efficiency,
         }
+
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Row":
+        """A row as to_json wrote it, from this version or an older one: keys a file lacks (call_ms and the other
+        call_* keys before they existed, H_kv before grouped-query, varlen and seqlens before varlen) read as
+        None, or as the default they had then (H_kv = H, dense)."""
+        heads, kv = d["H"], d.get("H_kv")
+        if d.get("varlen") and d.get("seqlens"):
+            case = varlen_case(d["seqlens"], heads, d["D"], d["dtype"], bool(d["causal"]), kv)
+        else:
+            case = Case(d["B"], d["S"], heads, d["D"], d["dtype"], bool(d["causal"]), kv)
+        split = d.get("pv_split")
+        return cls(d["impl"], case, ms=d.get("ms"), rel_err=d.get("rel_err"), snr_db=d.get("snr_db"),
+                   pv_split=tuple(split) if split else None, iters=d.get("iters"), error=d.get("error"),
+                   skipped=d.get("skipped"), ratio_to_cudnn=d.get("ratio_to_cudnn"), err_vs_ours=d.get("err_vs_ours"),
+                   call_ms=d.get("call_ms"), call_rel_err=d.get("call_rel_err"), call_error=d.get("call_error"),
+                   call_vs_cudnn=d.get("call_vs_cudnn"))
+
+
+def load_rows(path: Path) -> list[Row]:
+    """The rows of a result file (a JSON list of rows; an object holding them under "rows" works too), old or new,
+    ready for case_table and summary_table."""
+    data = json.loads(Path(path).read_text())
+    rows = data.get("rows") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise ValueError(f"{path} is not a benchmark result file (a JSON list of rows)")
+    return [Row.from_json(r) for r in rows]
 
 
 def _finite(x: float | None) -> float | None:
@@ -86,11 +129,14 @@ def finalize(rows: Sequence[Row]) -> list[Row]:
         elif tried:
             group.insert(0, Row("flashgen", case, error="no PV split ran; see the flashgen[...] rows"))
         cudnn = next((r for r in group if r.impl == "cudnn" and r.ok), None)
+        cudnn_call = next((r for r in group if r.impl == "cudnn" and r.call_ok), None)
         ours = min((r.rel_err for r in splits if r.rel_err is not None and math.isfinite(r.rel_err)), default=None)
         for r in group:
             ratio = cudnn.ms / r.ms if cudnn and r.ok else None
+            # Calls against cuDNN's call (its SDPA call timed the same way), never against its kernel-only ms.
+            call_ratio = cudnn_call.call_ms / r.call_ms if cudnn_call and r.call_ok else None
             vs_ours = r.rel_err / ours if ours and r.rel_err is not None else None
-            out.append(dataclasses.replace(r, ratio_to_cudnn=ratio, err_vs_ours=vs_ours))
+            out.append(dataclasses.replace(r, ratio_to_cudnn=ratio, err_vs_ours=vs_ours, call_vs_cudnn=call_ratio))
     return out
 
 
@@ -111,19 +157,31 @@ class RatioSummary:
     measured: int  # cases with a ratio
 
 
+CALL_SUFFIX = " call"  # "flashgen call": the summary of flashgen's call_vs_cudnn, beside "flashgen" (the kernel's)
+CALL_IMPLS = ("flashgen",)  # the implementations whose call is timed apart from their kernel
+
+
 def ratio_summaries(rows: Sequence[Row]) -> list[RatioSummary]:
-    """Per implementation (split rows left out): its ratio to cuDNN in each case, and their geomean."""
+    """Per implementation (split rows left out): its ratio to cuDNN in each case, and their geomean; flashgen is
+    followed by "flashgen call", the ratios of what users call (call_vs_cudnn; "-" in results without call_ms)."""
     cases = _unique(r.case for r in rows)
     impls = _unique(r.impl for r in rows if not r.impl.startswith("flashgen["))
     out = []
-    for impl in impls:
-        by_case = {r.case: r.ratio_to_cudnn for r in rows if r.impl == impl}
+
+    def summary(name: str, by_case: dict) -> RatioSummary:
         ratios = tuple(by_case.get(c) for c in cases)
-        out.append(RatioSummary(impl, ratios, geomean(ratios), sum(r is not None for r in ratios)))
+        return RatioSummary(name, ratios, geomean(ratios), sum(r is not None for r in ratios))
+
+    for impl in impls:
+        out.append(summary(impl, {r.case: r.ratio_to_cudnn for r in rows if r.impl == impl}))
+        if impl in CALL_IMPLS:
+            out.append(summary(impl + CALL_SUFFIX, {r.case: r.call_vs_cudnn for r in rows if r.impl == impl}))
     return out
 
 
-TABLE_HEADER = ("impl", "ms", "TFLOPS", "SNR dB", "rel err", "err vs ours", "vs cuDNN")
+# ms and vs cuDNN: the kernel (flashgen through prepare()); call ms and call vs cuDNN: what users call (flashgen
+# through attention(); cuDNN's own SDPA call for the yardstick), "-" where no call was timed.
+TABLE_HEADER = ("impl", "ms", "TFLOPS", "SNR dB", "rel err", "err vs ours", "vs cuDNN", "call ms", "call vs cuDNN")
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -144,15 +202,26 @@ def display_name(row: Row) -> str:
 
 def row_cells(row: Row) -> list[str]:
     name = display_name(row)
+    blank = [""] * (len(TABLE_HEADER) - 2)
     if row.skipped:
-        return [name, f"skipped: {row.skipped}", "", "", "", "", ""]
+        return [name, f"skipped: {row.skipped}", *blank]
     if row.error and row.ms is None:
-        return [name, f"error: {_short(row.error)}", "", "", "", "", ""]
+        cells = [name, f"error: {_short(row.error)}", *blank]
+        if row.call_ms is not None:  # the kernel's timing failed, the call's did not
+            cells[-2:] = call_cells(row)
+        return cells
     cells = [name, _fmt(row.ms, ".4f"), _fmt(row.tflops, ".1f"), _fmt(row.snr_db, ".1f"), _fmt(row.rel_err, ".2e"),
-             _fmt(row.err_vs_ours, ".2f"), _fmt(row.ratio_to_cudnn, ".3f", "x")]
+             _fmt(row.err_vs_ours, ".2f"), _fmt(row.ratio_to_cudnn, ".3f", "x"), *call_cells(row)]
     if row.error:
         cells[0] += f" (error: {_short(row.error)})"
     return cells
+
+
+def call_cells(row: Row) -> list[str]:
+    """The call ms and call vs cuDNN cells: the times, or why the call has none."""
+    if row.call_error:
+        return [f"error: {_short(row.call_error, 60)}", ""]
+    return [_fmt(row.call_ms, ".4f"), _fmt(row.call_vs_cudnn, ".3f", "x")]
 
 
 def _short(text: str, limit: int = 90) -> str:

@@ -6,7 +6,7 @@ itself never needs torch.
 
 
 def __getattr__(name):
-    if name in ("attention", "prepare", "InputError"):
+    if name in ("attention", "prepare", "scaled_dot_product_attention", "InputError"):
         from . import api
 
         return getattr(api, name)

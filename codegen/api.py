@@ -18,6 +18,9 @@ LAYOUTS = ("bshd", "bhsd")
 MAX_GRID_YZ = 65535
 
 
+NO_BACKWARD = "flashgen has no backward pass yet: call under torch.no_grad() or detach the inputs"
+
+
 class InputError(ValueError):
     """An input the kernel cannot take; raised before anything is launched."""
 
@@ -58,11 +61,96 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
     """
-    call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                   pv_split=pv_split, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **tuning)
-    call()
-    return (call.o, call.lse) if return_lse else call.o
+    import torch
+
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
+        o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
+                                    softcap=softcap, pv_split=pv_split, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                    max_seqlen_k=max_seqlen_k, tuning=tuning)
+    elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
+        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning)
+    else:  # varlen: the offsets are copied to the host and checked on every call
+        call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
+                       pv_split=pv_split, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **tuning)
+        call()
+        o, lse = call.o, call.lse
+    return (o, lse) if return_lse else o
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False):
+    """A drop-in for torch.nn.functional.scaled_dot_product_attention on (B, H, S, D) tensors: the same
+    arguments and result, for what flashgen computes (no attn_mask, no dropout). SDPA aligns a causal mask to
+    the top left when S_q != S_k, flashgen to the bottom right, so that case is refused rather than answered
+    differently; call `attention` for bottom-right alignment."""
+    if attn_mask is not None:
+        raise InputError("attn_mask is not supported: use is_causal, or codegen.attention's window=(left, right)")
+    if dropout_p:
+        raise InputError(f"dropout_p must be 0 (flashgen has no dropout), got {dropout_p!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if getattr(t, "dim", lambda: 0)() != 4:
+            raise InputError(f"{name} must be (B, H, S, D), got shape {tuple(getattr(t, 'shape', ()))}")
+    if not enable_gqa and key.shape[1] != query.shape[1]:
+        raise InputError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass enable_gqa=True for "
+                         "grouped-query attention, as SDPA requires")
+    if is_causal and query.shape[2] != key.shape[2]:
+        raise InputError("is_causal with S_q != S_k: SDPA aligns the mask to the top left, flashgen to the bottom "
+                         "right; use codegen.attention(..., causal=True, layout='bhsd') for the bottom-right mask")
+    return attention(query, key, value, causal=is_causal, scale=scale, layout="bhsd")
+
+
+TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "short_tail", "trace")
+MAX_LAUNCHERS = 256
+_LAUNCHERS: dict = {}
+
+
+def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning):
+    """One fixed-length call: (o, lse). The launcher for these shapes, strides and options is made (every
+    check run) on the first call and found by a tuple of them afterwards; what the tuple does not prove
+    unchanged (grad mode, the data pointers' alignment) is checked again on every call."""
+    import torch
+
+    from .launcher import Launcher
+
+    try:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+               k.device, v.device, bool(causal), scale, layout, None if window is None else tuple(window), softcap,
+               None if pv_split is None else tuple(pv_split), tuple(sorted(tuning.items())) if tuning else ())
+        launcher = _LAUNCHERS.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
+        key, launcher = None, None
+    if launcher is None:
+        call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
+                             pv_split=pv_split, tuning=tuning)
+        built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides: every o has them
+        launcher = Launcher(built, kernel, _map_params(call, built.plan, q, k, v, o), _fixed_arguments(call, built.plan),
+                            _grid(call, built.plan, q.device), q.device)
+        launcher.lse_shape = call.lse_shape
+        if key is not None:
+            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
+                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
+            _LAUNCHERS[key] = launcher
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise InputError(NO_BACKWARD)
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if (qp | kp | vp) % 16:
+        _check_inputs(q, k, v, layout)  # raises the alignment error for the tensor at fault
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device)
+    launcher(_current_stream(q.device), {"q": qp, "k": kp, "v": vp, "o": o.data_ptr()}, {"lse_out": lse.data_ptr()})
+    return o, lse
+
+
+def _current_stream(device) -> int:
+    import torch
+
+    try:
+        return torch._C._cuda_getCurrentRawStream(device.index or 0)
+    except AttributeError:  # a torch without the raw accessor
+        return torch.cuda.current_stream(device).cuda_stream
 
 
 class PreparedAttention:
@@ -110,6 +198,61 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
 
     from . import driver
 
+    tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent,
+                  tile_overlap=tile_overlap, short_tail=short_tail, trace=trace)
+    call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
+                         pv_split=pv_split, tuning=tuning, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    shape, varlen = call.shape, call.varlen
+    built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
+    plan = built.plan
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    if out is not None:  # the same shape, dtype, device and stride rules as the inputs
+        if varlen:
+            _check_tensors(q, q, out, rank=3, dims="total, H, D")
+        else:
+            _check_inputs(q, q, out, layout)
+        if out.shape != q.shape:
+            raise InputError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    lse = torch.empty(call.lse_shape, dtype=torch.float32, device=q.device)
+    # The kernel's arguments by name; plan.abi orders, types and checks them (codegen/families/fwd_sm90/abi.py).
+    values = dict(_fixed_arguments(call, plan), lse_out=lse.data_ptr())
+    for name, params in _map_params(call, plan, q, k, v, o).items():
+        values[f"tmap_{name}"] = driver.encode_tensor_map(params, {"q": q, "k": k, "v": v, "o": o}[name].data_ptr())
+    if varlen:
+        e = o.element_size()
+        values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                      o_gmem=o.data_ptr(), o_row_bytes=o.stride(0) * e, o_head_bytes=o.stride(1) * e)
+    counter = None
+    if call.spec.persistent:
+        # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
+        # so two prepared calls may run at once on different streams (one call must not overlap itself).
+        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+        values["tile_counter"] = counter.data_ptr()
+    args = plan.abi.pack(values)
+    offsets = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
+    return PreparedAttention(built, kernel, args, _grid(call, plan, q.device), o, lse, q.device, offsets=offsets,
+                             tile_counter=counter)
+
+
+@dataclass(frozen=True)
+class ResolvedCall:
+    """A checked call: its resolved kernel spec, the problem's shape and the softmax scale."""
+    spec: KernelSpec
+    shape: "Shape"
+    scale: float
+    layout: str
+    varlen: bool
+
+    @property
+    def lse_shape(self) -> tuple[int, ...]:
+        s = self.shape
+        return (s.heads, s.seq_q) if self.varlen else (s.batch, s.heads, s.seq_q)
+
+
+def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning, cu_seqlens_q=None,
+                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> ResolvedCall:
+    """Every input check, then the kernel spec: raises InputError before anything is launched."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen:
         shape = _check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -122,61 +265,59 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         scale = 1.0 / math.sqrt(shape.dim)
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
+    unknown = set(tuning) - set(TUNING_KNOBS)
+    if unknown:
+        raise InputError(f"unknown argument(s) {sorted(unknown)}; the tuning knobs are {TUNING_KNOBS}")
     try:
         spec = resolve(KernelSpec(seq_len=shape.spec_seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, pv_split=tuple(pv_split or ()),
-                                  block_n=block_n, stages=stages, pingpong=pingpong, seq_len_k=shape.spec_seq_k,
-                                  kv_heads=shape.kv_heads, window=tuple(window) if window else (-1, -1),
-                                  softcap=float(softcap), varlen=varlen, persistent=persistent, tile_overlap=tile_overlap,
-                                  short_tail=short_tail, trace=trace))
+                                  seq_len_k=shape.spec_seq_k, kv_heads=shape.kv_heads,
+                                  window=tuple(window) if window else (-1, -1), softcap=float(softcap), varlen=varlen,
+                                  **tuning))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)
+    return ResolvedCall(spec, shape, float(scale), layout, varlen)
 
-    built, kernel = _loaded(KernelKey(spec, q.device.index or 0))
-    plan = built.plan
-    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    if out is not None:  # the same shape, dtype, device and stride rules as the inputs
-        if varlen:
-            _check_tensors(q, q, out, rank=3, dims="total, H, D")
-        else:
-            _check_inputs(q, q, out, layout)
-        if out.shape != q.shape:
-            raise InputError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    lse_shape = (shape.heads, shape.seq_q) if varlen else (shape.batch, shape.heads, shape.seq_q)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    # The kernel's arguments by name; plan.abi orders, types and checks them (codegen/families/fwd_sm90/abi.py).
-    values = {"lse_out": lse.data_ptr(), "scale_log2": float(scale * LOG2E)}
+
+def _map_params(call: ResolvedCall, plan, q, k, v, o) -> dict:
+    """operand -> the tensor-map parameters of that tensor's shape and strides (no address yet)."""
+    shape, varlen = call.shape, call.varlen
+    params = {}
     for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
         # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
-        sb, ss, sh = (tensor.shape[-1], tensor.stride(0), tensor.stride(1)) if varlen else _strides_bshd(tensor, layout)
+        sb, ss, sh = ((tensor.shape[-1], tensor.stride(0), tensor.stride(1)) if varlen
+                      else _strides_bshd(tensor, call.layout))
         try:
-            params = getattr(plan, name).tensor_map.instantiate(
+            params[name] = getattr(plan, name).tensor_map.instantiate(
                 batch=1 if varlen else shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
         except LayoutError as e:  # a stride or extent the tensor memory accelerator cannot express
             raise InputError(f"{name}: {e}") from None
-        values[f"tmap_{name}"] = driver.encode_tensor_map(params, tensor.data_ptr())
-    if varlen:
-        e = o.element_size()
-        values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
-                      o_gmem=o.data_ptr(), o_row_bytes=o.stride(0) * e, o_head_bytes=o.stride(1) * e)
-    max_seqlen = shape.max_seq_q if varlen else None
-    sms = 0
-    counter = None
-    if spec.persistent:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
-        # so two prepared calls may run at once on different streams (one call must not overlap itself).
-        counter = torch.zeros(1, dtype=torch.int32, device=q.device)
-        values.update(tile_counter=counter.data_ptr(), tiles_m=plan.tiles_m(max_seqlen), batches=shape.batch)
-    args = plan.abi.pack(values)
+    return params
+
+
+def _fixed_arguments(call: ResolvedCall, plan) -> dict:
+    """The kernel arguments that depend on the call's shape only: the scale, and the persistent tile grid."""
+    values = {"scale_log2": float(call.scale * LOG2E)}
+    if call.spec.persistent:
+        values.update(tiles_m=plan.tiles_m(call.shape.max_seq_q if call.varlen else None), batches=call.shape.batch)
+    return values
+
+
+def _grid(call: ResolvedCall, plan, device) -> tuple[int, int, int]:
     try:
-        grid = plan.grid(shape.batch, max_seqlen_q=max_seqlen, sms=sms)
+        return plan.grid(call.shape.batch, max_seqlen_q=call.shape.max_seq_q if call.varlen else None,
+                         sms=_sm_count(device.index or 0) if call.spec.persistent else 0)
     except SpecError as e:
         raise InputError(str(e)) from None
-    offsets = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
-    return PreparedAttention(built, kernel, args, grid, o, lse, q.device, offsets=offsets, tile_counter=counter)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:
@@ -311,7 +452,7 @@ def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise InputError("flashgen has no backward pass yet: call under torch.no_grad() or detach the inputs")
+        raise InputError(NO_BACKWARD)
     if k.shape != v.shape:
         raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     elem = q.element_size()
@@ -333,3 +474,9 @@ def _check_device(t) -> None:
     """Checked after everything else, so every other check also runs (and is tested) on the CPU."""
     if t.device.type != "cuda":
         raise InputError(f"the inputs are on {t.device}; flashgen kernels run on a CUDA device")
+
+
+try:  # registers torch.ops.flashgen.attention where torch is installed (the generator itself never needs it)
+    from . import torch_op as _torch_op
+except ImportError:
+    _torch_op = None

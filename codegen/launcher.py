@@ -1,0 +1,127 @@
+"""Cached launches: what an `attention()` call needs that does not change between calls of the same shapes.
+
+A `Launcher` belongs to one checked call signature (shapes, strides, dtypes, device, options; codegen.api keys
+it): the loaded kernel, its grid, block and shared memory, each operand's tensor-map parameters, the kernel's
+arguments laid out once (codegen.abi) with only the pointers rewritten per call, and each pointer's encoded
+tensor map (a CUtensorMap holds its tensor's address, so it is encoded once per address and reused while the
+caching allocator hands the same address back). Launches go straight to the driver through ctypes.
+
+Safety: an argument buffer is rewritten and launched under the launcher's lock (threads); the persistent
+kernels' tile counter is one per (device, stream), never shared by two streams and never freed, so launches
+in flight always find theirs, and each launch leaves it zero for the next; a launch captured into a CUDA graph
+gets a counter of its own (stream_counter).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+from . import driver
+
+MAPS_PER_OPERAND = 8  # addresses remembered per operand (o alternates between two in a loop `o = attention(...)`)
+
+
+class _Lib:
+    """cuLaunchKernel and cuCtxSetCurrent from libcuda itself (cuda.bindings costs microseconds per call)."""
+
+    def __init__(self):
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            self.launch = None
+            return
+        self.set_ctx = lib.cuCtxSetCurrent
+        self.set_ctx.argtypes = [ctypes.c_void_p]
+        self.set_ctx.restype = ctypes.c_int
+        self.launch = lib.cuLaunchKernel
+        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        self.launch.restype = ctypes.c_int
+
+
+_lib = None
+_counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (tensor, its address)
+_counter_lock = threading.Lock()
+
+
+def _driver_lib() -> _Lib:
+    global _lib
+    if _lib is None:
+        _lib = _Lib()
+    return _lib
+
+
+_captured: list = []  # counters of captured launches: alive as long as a graph may replay them
+
+
+def stream_counter(device, stream: int) -> int:
+    """The address of the tile counter of persistent kernels on (device, stream): zero, and left zero by every
+    launch. Under CUDA graph capture each launch gets its own, zeroed by a captured memset before every replay,
+    so a graph never shares one with eager launches (nor with another graph)."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        tensor = torch.zeros(1, dtype=torch.int32, device=device)
+        _captured.append(tensor)
+        return tensor.data_ptr()
+    key = (device.index or 0, stream)
+    counter = _counters.get(key)
+    if counter is None:
+        with _counter_lock:
+            counter = _counters.get(key)
+            if counter is None:
+                tensor = torch.zeros(1, dtype=torch.int32, device=device)
+                counter = _counters[key] = (tensor, tensor.data_ptr())
+    return counter[1]
+
+
+class Launcher:
+    def __init__(self, built, kernel, map_params: dict, fixed: dict, grid: tuple[int, int, int], device):
+        """map_params: operand -> TensorMapParams of its (fixed) shape and strides; fixed: the other kernel
+        arguments that do not change between calls (the scale, tiles_m, batches)."""
+        self.built, self.kernel, self.grid, self.device = built, kernel, grid, device
+        plan = built.plan
+        self.block, self.smem = plan.threads, plan.smem.total
+        self.persistent = bool(plan.spec.persistent)
+        self.map_params = map_params
+        self._maps = {op: OrderedDict() for op in map_params}
+        values = dict(fixed)
+        values.update({f"tmap_{op}": bytes(driver.TENSOR_MAP_BYTES) for op in map_params})
+        for p in plan.abi.params:
+            values.setdefault(p.name, 0)  # pointers, rewritten per call
+        self._args = plan.abi.pack(values)
+        self._holder = dict(zip(plan.abi.names, self._args.holders))
+        self._lock = threading.Lock()
+        self._function = int(kernel.function)
+        self._context = int(kernel.context)
+
+    def _map(self, op: str, address: int) -> bytes:
+        cache = self._maps[op]
+        encoded = cache.get(address)
+        if encoded is None:
+            encoded = cache[address] = driver.encode_tensor_map(self.map_params[op], address)
+            if len(cache) > MAPS_PER_OPERAND:
+                cache.popitem(last=False)
+        return encoded
+
+    def __call__(self, stream: int, tensors: dict[str, int], pointers: dict[str, int]) -> None:
+        """Launch on `stream` with operand -> data address in `tensors` and pointer arguments in `pointers`."""
+        maps = {op: self._map(op, address) for op, address in tensors.items()}
+        if self.persistent:
+            pointers = dict(pointers, tile_counter=stream_counter(self.device, stream))
+        lib = _driver_lib()
+        with self._lock:
+            for op, encoded in maps.items():
+                ctypes.memmove(ctypes.addressof(self._holder[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
+            for name, value in pointers.items():
+                self._holder[name].value = value
+            if lib.launch is None:
+                driver.launch(self.kernel, self.grid, self.block, stream, self._args)
+                return
+            lib.set_ctx(self._context)
+            err = lib.launch(self._function, *self.grid, self.block, 1, 1, self.smem, stream, self._args.address, None)
+        if err:
+            from cuda.bindings import driver as cu
+
+            driver.check((cu.CUresult(err),), "cuLaunchKernel")

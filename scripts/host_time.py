@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Host time per call: the wall time of N back-to-back calls on a tiny problem, divided by N (issue 18's method).
+
+    PYTHONPATH=. python3 scripts/host_time.py [--calls 2000] [--shape 1,128,8,128] [--dtype bf16]
+
+On a tiny shape the GPU finishes each kernel long before the host issues the next, so the time per call is the
+host's: flashgen's attention() and a prepare()d call beside SDPA (its own backend choice, and inside
+sdpa_kernel(CUDNN_ATTENTION) and (FLASH_ATTENTION)), and torch.empty_like(q) as the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import codegen
+from codegen.api import prepare
+from codegen.check import torch_dtype
+from layouts.dtypes import DTYPE_NAMES
+
+
+def per_call_us(fn, calls: int, rounds: int = 5) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--shape", default="1,128,8,128", metavar="B,S,H,D")
+    parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    args = parser.parse_args()
+    b, s, h, d = (int(x) for x in args.shape.split(","))
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch_dtype(args.dtype)) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    backend = torch.nn.attention.SDPBackend
+    prepared = prepare(q, k, v)
+
+    def in_backend(which):
+        def call():
+            with torch.nn.attention.sdpa_kernel(which):
+                sdpa(qt, kt, vt)
+        return call
+
+    rows = {
+        "flashgen attention()": lambda: codegen.attention(q, k, v),
+        "flashgen prepare()d call": prepared,
+        "SDPA (own backend choice)": lambda: sdpa(qt, kt, vt),
+        "SDPA in sdpa_kernel(CUDNN_ATTENTION)": in_backend(backend.CUDNN_ATTENTION),
+        "SDPA in sdpa_kernel(FLASH_ATTENTION)": in_backend(backend.FLASH_ATTENTION),
+        "torch.empty_like(q) (floor)": lambda: torch.empty_like(q),
+    }
+    results = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
+    if args.json:
+        print(json.dumps({"shape": args.shape, "dtype": args.dtype, "calls": args.calls, "us_per_call": results}))
+    else:
+        print(f"host time per call, {args.calls} back-to-back calls, best of 5 rounds, shape {args.shape} {args.dtype}")
+        for name, us in results.items():
+            print(f"  {name:40s} {us:8.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""attention() as users call it, on the GPU: the cached fast path, one launch per call, torch.compile, CUDA
+graphs, the SDPA drop-in, streams and threads (skipped with a reason where there is no GPU).
+
+The kernels themselves are checked through prepare() in tests/test_gpu.py; here every result is still held
+to 2x the same-dtype SDPA error against a float64 reference, on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import codegen  # noqa: E402
+from codegen import check  # noqa: E402
+from codegen.api import InputError, attention, scaled_dot_product_attention  # noqa: E402
+
+TINY = 1e-6
+
+
+def assert_matches(q, k, v, o, *, causal=False, layout="bshd"):
+    ref, _ = check.reference(q, k, v, causal=causal, layout=layout)
+    err = check.rel_err(o, ref)
+    yardstick = check.sdpa_error(q, k, v, ref, causal=causal, layout=layout)
+    assert not torch.isnan(o).any()
+    assert err <= max(2 * yardstick, TINY), f"rel err {err:.3e} > 2 x SDPA's {yardstick:.3e}"
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("shape, causal", [((1, 1024, 64, 128), False), ((2, 300, 8, 64), True),
+                                           ((8, 512, 32, 128), False), ((1, 129, 4, 256), True)])
+def test_repeated_calls_reuse_the_launcher_and_stay_correct(shape, causal):
+    q, k, v = (rand(*shape) for _ in range(3))
+    first = attention(q, k, v, causal=causal)
+    assert_matches(q, k, v, first, causal=causal)
+    for _ in range(3):  # the same buffers, new values: cached tensor maps, fresh outputs
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        o = attention(q, k, v, causal=causal)
+        assert o.data_ptr() != q.data_ptr()
+        assert_matches(q, k, v, o, causal=causal)
+
+
+def test_a_call_is_one_kernel_launch():
+    q, k, v = (rand(1, 1024, 16, 128) for _ in range(3))
+    attention(q, k, v)  # first call: compile, load, the stream's tile counter
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            attention(q, k, v)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 5 and all(name.startswith("flashgen_fwd") for name in kernels), kernels
+
+
+def test_a_reallocated_address_with_another_shape_gets_its_own_tensor_map():
+    q, k, v = (rand(2, 512, 8, 128) for _ in range(3))
+    attention(q, k, v)
+    address = q.data_ptr()
+    del q
+    q = rand(4, 256, 8, 128)  # same bytes: the caching allocator hands the block back
+    k2, v2 = (rand(4, 256, 8, 128) for _ in range(2))
+    o = attention(q, k2, v2)
+    assert_matches(q, k2, v2, o)
+    if q.data_ptr() != address:
+        pytest.skip("the allocator did not reuse the address; the shape-keyed cache is still exercised")
+
+
+def test_every_check_still_runs_on_a_cached_call():
+    q, k, v = (rand(1, 256, 8, 128) for _ in range(3))
+    attention(q, k, v)
+    q.requires_grad_(True)
+    with pytest.raises(InputError, match="no backward pass"):
+        attention(q, k, v)
+    with torch.no_grad():
+        attention(q, k, v)
+    buf = torch.empty(1 * 256 * 8 * 128 + 8, device="cuda", dtype=torch.bfloat16)
+    misaligned = buf[4:].view(1, 256, 8, 128)  # 8 bytes in: the same shape and strides as k, misaligned
+    with pytest.raises(InputError, match="16-byte aligned"):
+        attention(q.detach(), misaligned, v)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return codegen.attention(q * 1.0, k, v, causal=True) + 1.0
+
+    q, k, v = (rand(2, 512, 8, 128) for _ in range(3))
+    eager = Block()(q, k, v)
+    compiled = torch.compile(Block(), fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+def test_cuda_graph_replays_with_refilled_inputs():
+    q, k, v = (rand(1, 1024, 16, 128) for _ in range(3))
+    attention(q, k, v)  # compiled, loaded and the launcher made before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        attention(q, k, v)  # the capture stream's tile counter, outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = attention(q, k, v)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(q, k, v, out)
+
+
+@pytest.mark.parametrize("kv_heads, causal", [(16, False), (4, True)])
+def test_sdpa_drop_in(kv_heads, causal):
+    q = rand(2, 16, 300, 128)
+    k, v = (rand(2, kv_heads, 300, 128) for _ in range(2))
+    gqa = kv_heads != 16
+    ours = scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    assert ours.shape == theirs.shape and ours.is_contiguous()
+    assert_matches(q, k, v, ours, causal=causal, layout="bhsd")
+    with pytest.raises(InputError, match="attn_mask"):
+        scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(300, 300, device="cuda", dtype=torch.bool))
+    with pytest.raises(InputError, match="enable_gqa"):
+        scaled_dot_product_attention(q, rand(2, 4, 300, 128), rand(2, 4, 300, 128))
+    with pytest.raises(InputError, match="top left"):
+        scaled_dot_product_attention(q, rand(2, 16, 500, 128), rand(2, 16, 500, 128), is_causal=True)
+
+
+def test_two_streams_at_once():
+    """Persistent kernels on two streams at once: each stream has its own tile counter."""
+    shape = (4, 2048, 16, 128)
+    inputs = [tuple(rand(*shape) for _ in range(3)) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [None, None]
+    for _ in range(3):
+        for i, (stream, (q, k, v)) in enumerate(zip(streams, inputs)):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outs[i] = attention(q, k, v)
+        torch.cuda.synchronize()
+        for (q, k, v), o in zip(inputs, outs):
+            assert_matches(q, k, v, o)
+
+
+def test_threads_at_once():
+    shape = (2, 1024, 8, 128)
+    inputs = [tuple(rand(*shape) for _ in range(3)) for _ in range(4)]
+    outs, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(5):
+                    outs[i] = attention(*inputs[i])
+            stream.synchronize()
+        except Exception as e:  # reported below, with the thread
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (q, k, v), o in zip(inputs, outs):
+        assert_matches(q, k, v, o)
