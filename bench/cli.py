@@ -9,7 +9,7 @@ from .cases import BenchUsageError
 from .compile_timing import compile_table, run_compile, save_compile
 from .config import BenchConfig, parse_config
 from .gpu_run import run_gpu
-from .report import case_table, render_text, save_results, summary_table
+from .report import CALL_NOTE, case_table, render_text, save_results, summary_table
 
 
 def bench_main(argv: list[str]) -> int:
@@ -35,6 +35,7 @@ def bench_main(argv: list[str]) -> int:
     else:
         print(f"{config.cases[0].label}, on {result.meta.get('gpu')}:")
         print(render_text(case_table(result.rows)))
+    print(CALL_NOTE)
     return 0 if any(r.impl == "flashgen" and r.ok for r in result.rows) or "flashgen" not in config.peers else 1
 
 

@@ -33,8 +33,11 @@ USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compil
   gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
-The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). Nothing here imports torch
-until a GPU mode runs, so `--compile` and the unit tests work on a machine without it.
+The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). flashgen has two: `ms` and
+`vs cuDNN` time its kernel (codegen.api.prepare() once, then launches), `call ms` and `call vs cuDNN` (summary
+column `flashgen call`) what users call, codegen.attention(q, k, v, ...) with the same arguments, host time
+included, against cuDNN's own SDPA call timed the same way; both in the same interleaved rounds. Nothing here
+imports torch until a GPU mode runs, so `--compile` and the unit tests work on a machine without it.
 
 FLOPs: 4 * B * H * S^2 * D for a dense case, and the sum over sequences of 4 * H * L_i^2 * D for a varlen one
 (S_q = S_k = L_i), halved for causal in both: half of each full square, diagonal not counted apart, the

@@ -1,6 +1,6 @@
 """The GPU run: measure_together (implementations on one case: each one's error, then their times in interleaved
-rounds within a budget), bench_case (every implementation on a case, stopping when the CUDA context faults) and
-run_gpu (every case)."""
+rounds within a budget: the kernels' GPU time, and what users call with its host time), time_call_samples,
+bench_case (every implementation on a case, stopping when the CUDA context faults) and run_gpu (every case)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the
 # D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
 ROUNDS = 5
 ROUND_WARMUP = 2
+# A user's call (attention()) must compute what its kernel computes: a rel err above this multiple of the prepared
+# kernel's (plus CALL_ERR_SLACK) makes it an error, not a time. Two correct kernels' errors differ by a few percent.
+CALL_ERR_FACTOR = 2.0
+CALL_ERR_SLACK = 1e-6
 
 
 def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: int = 10) -> int:
@@ -41,7 +45,8 @@ def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchC
 
 @dataclass
 class _Timing:
-    """An implementation ready to time: its calls, its error, and the samples taken so far."""
+    """An implementation ready to time: its calls, its error, and the samples taken so far; and, when it has one,
+    what users call (next_user_call), timed in its own slot of the same rounds."""
 
     peer: Peer
     split: tuple[int, ...] | None
@@ -50,18 +55,34 @@ class _Timing:
     iters: int
     samples: list[float] = field(default_factory=list)
     error: str | None = None
+    next_user_call: Callable[[], Callable] | None = None
+    call_rel_err: float | None = None
+    call_samples: list[float] = field(default_factory=list)
+    call_error: str | None = None
+    timed_call: bool = False  # a user call was tried (next_user_call, or call_error saying why not)
 
     def row(self, case: Case) -> Row:
+        call = self._call_fields()
         if self.error or not self.samples:  # a call that failed in any round voids the timing
-            return Row(self.peer.name, case, rel_err=self.rel_err, pv_split=self.split, error=self.error or "not timed")
+            return Row(self.peer.name, case, rel_err=self.rel_err, pv_split=self.split, error=self.error or "not timed",
+                       **call)
         note = None if math.isfinite(self.rel_err) else "output holds NaN or inf"
         return Row(self.peer.name, case, ms=statistics.median(self.samples), rel_err=self.rel_err,
-                   snr_db=snr_db_from(self.rel_err), pv_split=self.split, iters=len(self.samples), error=note)
+                   snr_db=snr_db_from(self.rel_err), pv_split=self.split, iters=len(self.samples), error=note, **call)
+
+    def _call_fields(self) -> dict:
+        if not self.timed_call:
+            return {}
+        ms = statistics.median(self.call_samples) if self.call_samples and not self.call_error else None
+        return {"call_ms": ms, "call_rel_err": self.call_rel_err,
+                "call_error": self.call_error or (None if ms is not None else "not timed")}
 
 
-def _prepare(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig) -> _Timing | Row:
+def _prepare(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchConfig,
+             with_call: bool = False) -> _Timing | Row:
     """First call (it may compile), error against float64 on the first input set, and the iteration count
-    that fits the time budget; or the row saying why the implementation cannot run."""
+    that fits the time budget; or the row saying why the implementation cannot run. With with_call, the same for
+    peer.call, what users call (_prepare_call)."""
     from codegen.check import rel_err
 
     skip = peer.skip(case)
@@ -81,7 +102,39 @@ def _prepare(torch, peer: Peer, split, case: Case, inputs: Inputs, config: Bench
         return Row(peer.name, case, pv_split=split, skipped=str(e))
     except Exception as e:  # one failing peer is a row, never the end of the run
         return Row(peer.name, case, pv_split=split, error=f"{type(e).__name__}: {e}")
-    return _Timing(peer, split, next_call, err, iterations_within(TIME_BUDGET_MS, estimate, config.iters))
+    timing = _Timing(peer, split, next_call, err, iterations_within(TIME_BUDGET_MS, estimate, config.iters))
+    if with_call and peer.call is not None:
+        _prepare_call(torch, timing, case, inputs)
+    return timing
+
+
+def _prepare_call(torch, timing: _Timing, case: Case, inputs: Inputs) -> None:
+    """The user's call, checked as the kernel is: a first call, its error against float64 on the first input set
+    (NaN or inf, or more than CALL_ERR_FACTOR times the kernel's error, makes it a call_error: a fast but wrong
+    call gets no time). A call that raises is a call_error too; the kernel's row stands either way."""
+    from codegen.check import rel_err
+
+    peer = timing.peer
+    timing.timed_call = True
+    try:
+        with peer.context(torch):
+            calls = peer.call(torch, inputs, case)
+            out = calls[0]()
+            torch.cuda.synchronize()
+            with peer.steady(torch):
+                err = rel_err(peer.output(out, inputs), inputs.ref)
+                del out
+    except Exception as e:
+        timing.call_error = f"{type(e).__name__}: {e}"
+        return
+    timing.call_rel_err = err
+    kernel = timing.rel_err
+    if not math.isfinite(err):
+        timing.call_error = "output holds NaN or inf"
+    elif math.isfinite(kernel) and err > CALL_ERR_FACTOR * kernel + CALL_ERR_SLACK:
+        timing.call_error = f"wrong output: rel err {err:.2e}, the kernel's {kernel:.2e}"
+    else:
+        timing.next_user_call = itertools.cycle(calls).__next__
 
 
 def _time_round(torch, timing: _Timing, *, warmup: int) -> None:
@@ -93,22 +146,66 @@ def _time_round(torch, timing: _Timing, *, warmup: int) -> None:
         timing.error = f"{type(e).__name__}: {e}"
 
 
+def _time_call_round(torch, timing: _Timing, *, warmup: int) -> None:
+    """One round of the user's call: as many calls as the kernel's round, by time_call_samples."""
+    iters = max(1, math.ceil(timing.iters / ROUNDS))
+    try:
+        with timing.peer.context(torch), timing.peer.steady(torch):
+            timing.call_samples += time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup,
+                                                     iters=iters)
+    except Exception as e:
+        timing.call_error = f"{type(e).__name__}: {e}"
+
+
+def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> list[float]:
+    """Milliseconds per call of fn as a loop of calls sees them, host time included where it shows.
+
+    `warmup` untimed calls and a sync; one more untimed call, then an event, then `iters` calls each followed by an
+    event; sample i is the time between event i and event i + 1 on the GPU. Unlike time_gpu_samples no GPU sleep
+    is queued first: while fn's host time (checks, kernel lookup, tensor maps, launch) is under its GPU time the
+    calls queue up and a sample is the GPU time, as the kernel's is; once it is over, the GPU waits for the host
+    between calls and a sample is the host's time per call. (The one event recorded per call, a few microseconds
+    of host time, is in every implementation's call alike.)"""
+    for _ in range(max(1, warmup)):
+        fn()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    fn()  # the queue is empty after the sync: the first event waits behind one call, as every later one does
+    events[0].record()
+    for event in events[1:]:
+        fn()
+        event.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
 def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchConfig,
                      check_fault: bool = False) -> list[Row]:
     """Rows for (peer, split) entries on one case, in their order: each is prepared (_prepare), then all are
     timed in ROUNDS interleaved rounds (forward, then backward), and each row's time is the median of its
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
-    drifting during the run. With check_fault, a lost CUDA context raises _ContextLost carrying the rows."""
+    drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
+    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds; so has the
+    yardstick's call (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
+    raises _ContextLost carrying the rows."""
+    with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
     slots: list[_Timing | Row] = []
     for peer, split in entries:
-        slots.append(_prepare(torch, peer, split, case, inputs, config))
+        slots.append(_prepare(torch, peer, split, case, inputs, config, with_call=with_calls))
         _raise_on_fault(torch, check_fault, slots, case, peer.name)
-    timed = [s for s in slots if isinstance(s, _Timing)]
+    # (timing, user_call) slots: each kernel, followed by its user call where it has one.
+    timed = [(s, user_call) for s in slots if isinstance(s, _Timing)
+             for user_call in ((False, True) if s.next_user_call else (False,))]
     for r in range(ROUNDS):
-        for timing in timed if r % 2 == 0 else timed[::-1]:
-            if timing.error is None:
-                _time_round(torch, timing, warmup=config.warmup if r == 0 else ROUND_WARMUP)
-                _raise_on_fault(torch, check_fault, slots, case, timing.peer.name)
+        for timing, user_call in timed if r % 2 == 0 else timed[::-1]:
+            warmup = config.warmup if r == 0 else ROUND_WARMUP
+            if user_call and timing.error is None and timing.call_error is None:
+                _time_call_round(torch, timing, warmup=warmup)
+            elif not user_call and timing.error is None:
+                _time_round(torch, timing, warmup=warmup)
+            else:
+                continue
+            _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))
     return [s.row(case) if isinstance(s, _Timing) else s for s in slots]
 
 
@@ -125,6 +222,8 @@ def _raise_on_fault(torch, check: bool, slots, case: Case, name: str) -> None:
         for s in slots:
             if isinstance(s, _Timing) and s.error is None:
                 s.error = reason
+            if isinstance(s, _Timing) and s.timed_call and s.call_error is None:
+                s.call_error = reason
         raise _ContextLost([s.row(case) if isinstance(s, _Timing) else s for s in slots], reason)
 
 
@@ -168,13 +267,19 @@ def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[R
         measured, fault = e.rows, e.reason
     for row in measured:
         progress(f"  {row.impl:<18} " + (f"{row.ms:.4f} ms, rel err {row.rel_err:.2e}" if row.ms is not None
-                                         else row.skipped or _short(row.error or "")))
+                                         else row.skipped or _short(row.error or "")) + _call_progress(row))
     rows += measured
     if fault:
         return rows, fault
     del inputs
     torch.cuda.empty_cache()
     return rows, None
+
+
+def _call_progress(row: Row) -> str:
+    if row.call_ms is not None and not row.call_error:
+        return f"; call {row.call_ms:.4f} ms, rel err {row.call_rel_err:.2e}"
+    return f"; call: {_short(row.call_error, 60)}" if row.call_error else ""
 
 
 def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:
@@ -184,7 +289,9 @@ def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stde
         raise RuntimeError(f"gen.py bench needs a CUDA GPU; torch {torch.__version__} sees none")
     now = _dt.datetime.now(_dt.timezone.utc)
     meta = {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": config.matrix}
+            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": config.matrix,
+            "call_timing": "call_ms: codegen.attention(...) (cuDNN: its SDPA call) by events between consecutive "
+                           "calls, no GPU sleep ahead (host time shows when the GPU waits for it); same rounds"}
     torch.manual_seed(config.seed)
     rows: list[Row] = []
     fault = None

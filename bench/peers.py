@@ -101,12 +101,46 @@ def _unfused_calls(torch, inputs: Inputs, case: Case):
     return [call(s) for s in inputs.sets]
 
 
+def flashgen_kwargs(case: Case, split: tuple[int, ...] | None, inputs: Inputs) -> dict:
+    """The keyword arguments of flashgen's calls on a case, the same for prepare() and attention(): causal, the PV
+    split the row times and, for a varlen case, cu_seqlens_q/k and max_seqlen_q/k (q lengths = k lengths). Nothing
+    the case does not set (scale, window, softcap, the other tuning knobs stay at their defaults)."""
+    kwargs: dict = {"causal": case.causal, "pv_split": split}
+    if case.varlen:
+        cu = inputs.cu_seqlens
+        kwargs.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=case.seq, max_seqlen_k=case.seq)
+    return kwargs
+
+
 def _flashgen_calls(split: tuple[int, ...]):
+    """The kernel: prepare(q, k, v, ...) once per input set, outside the timing; each call launches only."""
+
     def make(torch, inputs: Inputs, case: Case):
         from codegen.api import prepare
 
-        prepared = [prepare(q, k, v, causal=case.causal, pv_split=split) for q, k, v in inputs.sets]
+        kwargs = flashgen_kwargs(case, split, inputs)
+        prepared = [prepare(q, k, v, **kwargs) for q, k, v in inputs.sets]
         return [p.__call__ for p in prepared]
+
+    return make
+
+
+def _flashgen_attention_calls(split: tuple[int, ...]):
+    """What users call: codegen.attention(q, k, v, ...) with the same arguments as the prepared kernel (dense and
+    varlen alike). Every call checks the inputs, resolves the kernel, allocates o, encodes the tensor maps and
+    launches: its host time is part of call_ms."""
+
+    def make(torch, inputs: Inputs, case: Case):
+        import codegen
+
+        attention = codegen.attention  # resolved once, as `from codegen import attention` does
+        kwargs = flashgen_kwargs(case, split, inputs)
+
+        def call(qkv):
+            q, k, v = qkv
+            return lambda: attention(q, k, v, **kwargs)
+
+        return [call(s) for s in inputs.sets]
 
     return make
 
@@ -116,17 +150,9 @@ class Unavailable(RuntimeError):
 
 
 def _flashgen_varlen_calls(split: tuple[int, ...]):
-    """flashgen's varlen API: prepare(q, k, v, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., ...)."""
-
-    def make(torch, inputs: Inputs, case: Case):
-        from codegen.api import prepare
-
-        cu = inputs.cu_seqlens
-        prepared = [prepare(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=case.seq, max_seqlen_k=case.seq,
-                            causal=case.causal, pv_split=split) for q, k, v in inputs.sets]
-        return [p.__call__ for p in prepared]
-
-    return make
+    """flashgen's varlen API: prepare(q, k, v, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., ...)
+    (flashgen_kwargs of a varlen case; _flashgen_calls itself takes both forms)."""
+    return _flashgen_calls(split)
 
 
 def _cudnn_padded_calls(torch, inputs: Inputs, case: Case):
@@ -254,6 +280,11 @@ class Peer:
     steady: Callable = _no_context  # (torch) -> context after the first call (which may compile)
     skip: Callable[[Case], str | None] = lambda case: None
     output: Callable = _same  # (o, inputs) -> o comparable with inputs.ref (the padded yardstick drops its padding)
+    # What users call, timed apart from `make` with its host time visible (call_ms): (torch, inputs, case) ->
+    # [zero-argument call], like make. flashgen: codegen.attention(...) beside the prepared kernel; the cuDNN
+    # yardstick: its own SDPA call (the same as make), timed only when another entry times a call.
+    call: Callable | None = None
+    yardstick: bool = False
 
 
 def _math_skip(case: Case) -> str | None:
@@ -265,7 +296,7 @@ def _unfused_skip(case: Case) -> str | None:
 
 
 PEERS = {
-    "cudnn": Peer("cudnn", _sdpa_calls, _sdpa_backend("CUDNN_ATTENTION")),
+    "cudnn": Peer("cudnn", _sdpa_calls, _sdpa_backend("CUDNN_ATTENTION"), call=_sdpa_calls, yardstick=True),
     "sdpa": Peer("sdpa", _sdpa_calls),
     "flash": Peer("flash", _sdpa_calls, _sdpa_backend("FLASH_ATTENTION")),
     "mem_efficient": Peer("mem_efficient", _sdpa_calls, _sdpa_backend("EFFICIENT_ATTENTION")),
@@ -276,7 +307,8 @@ PEERS = {
 
 # The same names on a varlen case: "cudnn" is then the padded yardstick.
 VARLEN_PEER_IMPLS = {
-    "cudnn": Peer("cudnn", _cudnn_padded_calls, _sdpa_backend("CUDNN_ATTENTION"), output=_unpadded),
+    "cudnn": Peer("cudnn", _cudnn_padded_calls, _sdpa_backend("CUDNN_ATTENTION"), output=_unpadded,
+                  call=_cudnn_padded_calls, yardstick=True),
     "flex": Peer("flex", _flex_varlen_calls, steady=_no_recompile),
     "cudnn_varlen": Peer("cudnn_varlen", _cudnn_varlen_calls),
     "flash_varlen": Peer("flash_varlen", _flash_varlen_calls),
@@ -297,6 +329,11 @@ def peers_for(case: Case, config: BenchConfig, block_n: int | None) -> list[tupl
     names = peer_names(case, config.peers)
     out = [(table[name], None) for name in names if name != "flashgen"]
     if "flashgen" in names and block_n is not None:
-        calls = _flashgen_varlen_calls if case.varlen else _flashgen_calls
-        out += [(Peer(split_impl(s), calls(s)), s) for s in splits_for(block_n, config.splits)]
+        out += [(flashgen_peer(s), s) for s in splits_for(block_n, config.splits)]
     return out
+
+
+def flashgen_peer(split: tuple[int, ...]) -> Peer:
+    """flashgen with one PV split, dense or varlen: the kernel through prepare() (ms) and the call through
+    attention() (call_ms), with the same arguments."""
+    return Peer(split_impl(split), _flashgen_calls(split), call=_flashgen_attention_calls(split))

@@ -303,9 +303,15 @@ def utc_stamp(now: _dt.datetime) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ")
 
 
+CALL_NOTE = ("ms and vs cuDNN time the kernel (flashgen through codegen.api.prepare(), a launch only); call ms and "
+             "call vs cuDNN time what users call (flashgen's codegen.attention(...), cuDNN's own SDPA call) with the "
+             "host's time visible, in the same rounds; \"flashgen call\" is flashgen's call vs cuDNN's call.")
+
+
 def results_markdown(result: BenchResult) -> str:
     parts = [f"# flashgen bench ({result.mode})", ""]
     parts += [f"- {k}: {v}" for k, v in result.meta.items()]
+    parts += ["", CALL_NOTE]
     if result.mode == "matrix" or len(_unique(r.case for r in result.rows)) > 1:
         parts += ["", "## Ratio to cuDNN (same run; > 1 is faster)", "", render_markdown(summary_table(result.rows))]
     for case in _unique(r.case for r in result.rows):

@@ -61,15 +61,13 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
     """
-    import torch
-
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                     softcap=softcap, pv_split=pv_split, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=max_seqlen_k, tuning=tuning)
     elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
-        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning)
+        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse)
     else:  # varlen: the offsets are copied to the host and checked on every call
         call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                        pv_split=pv_split, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -106,14 +104,10 @@ MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
 
 
-def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning):
-    """One fixed-length call: (o, lse). The launcher for these shapes, strides and options is made (every
+def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True):
+    """One fixed-length call: (o, lse), lse None unless return_lse (the kernel then skips it). The launcher for these shapes, strides and options is made (every
     check run) on the first call and found by a tuple of them afterwards; what the tuple does not prove
     unchanged (grad mode, the data pointers' alignment) is checked again on every call."""
-    import torch
-
-    from .launcher import Launcher
-
     try:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
                k.device, v.device, bool(causal), scale, layout, None if window is None else tuple(window), softcap,
@@ -139,14 +133,12 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning):
     if (qp | kp | vp) % 16:
         _check_inputs(q, k, v, layout)  # raises the alignment error for the tensor at fault
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device)
-    launcher(_current_stream(q.device), {"q": qp, "k": kp, "v": vp, "o": o.data_ptr()}, {"lse_out": lse.data_ptr()})
+    lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0)
     return o, lse
 
 
 def _current_stream(device) -> int:
-    import torch
-
     try:
         return torch._C._cuda_getCurrentRawStream(device.index or 0)
     except AttributeError:  # a torch without the raw accessor
@@ -476,7 +468,10 @@ def _check_device(t) -> None:
         raise InputError(f"the inputs are on {t.device}; flashgen kernels run on a CUDA device")
 
 
-try:  # registers torch.ops.flashgen.attention where torch is installed (the generator itself never needs it)
+try:  # torch for the calls, and torch.ops.flashgen.attention registered (the generator itself never needs torch)
+    import torch
+
     from . import torch_op as _torch_op
+    from .launcher import Launcher
 except ImportError:
-    _torch_op = None
+    torch = _torch_op = Launcher = None

@@ -18,6 +18,8 @@ import ctypes
 import threading
 from collections import OrderedDict
 
+import torch
+
 from . import driver
 
 MAPS_PER_OPERAND = 8  # addresses remembered per operand (o alternates between two in a loop `o = attention(...)`)
@@ -40,16 +42,16 @@ class _Lib:
         self.launch.restype = ctypes.c_int
 
 
-_lib = None
+_lib_launch = _lib_set_ctx = None
 _counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (tensor, its address)
 _counter_lock = threading.Lock()
 
 
-def _driver_lib() -> _Lib:
-    global _lib
-    if _lib is None:
-        _lib = _Lib()
-    return _lib
+def _load_driver_lib() -> None:
+    global _lib_launch, _lib_set_ctx
+    if _lib_launch is None:
+        lib = _Lib()
+        _lib_launch, _lib_set_ctx = lib.launch, getattr(lib, "set_ctx", None)
 
 
 _captured: list = []  # counters of captured launches: alive as long as a graph may replay them
@@ -59,8 +61,6 @@ def stream_counter(device, stream: int) -> int:
     """The address of the tile counter of persistent kernels on (device, stream): zero, and left zero by every
     launch. Under CUDA graph capture each launch gets its own, zeroed by a captured memset before every replay,
     so a graph never shares one with eager launches (nor with another graph)."""
-    import torch
-
     if torch.cuda.is_current_stream_capturing():
         tensor = torch.zeros(1, dtype=torch.int32, device=device)
         _captured.append(tensor)
@@ -91,8 +91,14 @@ class Launcher:
         for p in plan.abi.params:
             values.setdefault(p.name, 0)  # pointers, rewritten per call
         self._args = plan.abi.pack(values)
-        self._holder = dict(zip(plan.abi.names, self._args.holders))
+        holder = dict(zip(plan.abi.names, self._args.holders))
+        self._map_holders = tuple(holder[f"tmap_{op}"] for op in ("q", "k", "v", "o"))
+        self._loaded_maps = [None] * 4
+        self._lse = holder["lse_out"]
+        self._counter = holder.get("tile_counter")
+        self._gx, self._gy, self._gz = grid
         self._lock = threading.Lock()
+        _load_driver_lib()
         self._function = int(kernel.function)
         self._context = int(kernel.context)
 
@@ -105,22 +111,24 @@ class Launcher:
                 cache.popitem(last=False)
         return encoded
 
-    def __call__(self, stream: int, tensors: dict[str, int], pointers: dict[str, int]) -> None:
-        """Launch on `stream` with operand -> data address in `tensors` and pointer arguments in `pointers`."""
-        maps = {op: self._map(op, address) for op, address in tensors.items()}
-        if self.persistent:
-            pointers = dict(pointers, tile_counter=stream_counter(self.device, stream))
-        lib = _driver_lib()
+    def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int) -> None:
+        """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp)."""
+        maps = (self._map("q", q), self._map("k", k), self._map("v", v), self._map("o", o))
+        counter = stream_counter(self.device, stream) if self.persistent else 0
         with self._lock:
-            for op, encoded in maps.items():
-                ctypes.memmove(ctypes.addressof(self._holder[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
-            for name, value in pointers.items():
-                self._holder[name].value = value
-            if lib.launch is None:
+            for slot, (holder, encoded) in enumerate(zip(self._map_holders, maps)):
+                if self._loaded_maps[slot] is not encoded:  # the same map as the last launch: already in place
+                    ctypes.memmove(ctypes.addressof(holder), encoded, driver.TENSOR_MAP_BYTES)
+                    self._loaded_maps[slot] = encoded
+            self._lse.value = lse
+            if self.persistent:
+                self._counter.value = counter
+            if _lib_launch is None:
                 driver.launch(self.kernel, self.grid, self.block, stream, self._args)
                 return
-            lib.set_ctx(self._context)
-            err = lib.launch(self._function, *self.grid, self.block, 1, 1, self.smem, stream, self._args.address, None)
+            _lib_set_ctx(self._context)
+            err = _lib_launch(self._function, self._gx, self._gy, self._gz, self.block, 1, 1, self.smem, stream,
+                              self._args.address, None)
         if err:
             from cuda.bindings import driver as cu
 

@@ -270,7 +270,7 @@ struct Params {
   const TmaDesc* tmap_k;  // CUtensorMap of k (by value, __grid_constant__; layouts/ derives its dims, strides and box)
   const TmaDesc* tmap_v;  // CUtensorMap of v (by value, __grid_constant__; layouts/ derives its dims, strides and box)
   const TmaDesc* tmap_o;  // CUtensorMap of o (by value, __grid_constant__; layouts/ derives its dims, strides and box)
-  float* __restrict__ lse_out;  // float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row
+  float* __restrict__ lse_out;  // float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row; null: not written
   const int* __restrict__ cu_seqlens_q;  // int (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])
   const int* __restrict__ cu_seqlens_k;  // int (B + 1): the same for keys and values
   unsigned char* __restrict__ o_gmem;  // o's base address, for tiles that end inside a sequence (stored without TMA)
@@ -613,7 +613,7 @@ static __device__ __forceinline__ void store_tile(const Params& args, unsigned c
   } else if (th.tid == 0) {
     store_o_tile(args.tmap_o, o_tile, tile.q_start + q_row0, tile.head, tile.tma_batch);
   }
-  if ((th.lane & 3) == 0) {
+  if ((th.lane & 3) == 0 && args.lse_out) {  // a caller that does not want the logsumexp passes null
     const int rows[2] = {th.row_lo, th.row_hi};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

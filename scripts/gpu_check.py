@@ -192,6 +192,15 @@ def main() -> int:
     if args.clocks != "none":
         summary.append(clock_step(args.clocks, out))
 
+    # Host time per call (issue 18's method: 2,000 back-to-back calls on a tiny shape).
+    rc, text, secs = run([sys.executable, "scripts/host_time.py", "--json"], out / "host-time.log", timeout=180)
+    try:
+        us = json.loads(text.strip().splitlines()[-1])["us_per_call"]
+        detail = ", ".join(f"{name} {value:.1f} us" for name, value in us.items())
+    except (ValueError, KeyError, IndexError):
+        detail = "(no result)"
+    summary.append(("host time", "OK" if rc == 0 else f"FAIL rc={rc}", detail, secs))
+
     if not args.skip_bench:
         for matrix in filter(None, args.matrices.split(",")):
             results = out / "results" / matrix

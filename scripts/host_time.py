@@ -36,12 +36,35 @@ def per_call_us(fn, calls: int, rounds: int = 5) -> float:
     return best
 
 
+def breakdown(q, k, v) -> dict:
+    """The steps of a cached attention() call, each alone."""
+    from codegen import api, launcher
+
+    codegen.attention(q, k, v)
+    (launch,) = [entry for key, entry in api._LAUNCHERS.items() if key[0] == q.shape]
+    o = torch.empty_like(q)
+    lse = torch.empty(launch.lse_shape, dtype=torch.float32, device=q.device)
+    stream = api._current_stream(q.device)
+    addresses = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    return {
+        "  part: torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "  part: the cache key": lambda: (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+                                          k.dtype, v.dtype, q.device, k.device, v.device),
+        "  part: torch.empty lse": lambda: torch.empty(launch.lse_shape, dtype=torch.float32, device=q.device),
+        "  part: current stream": lambda: api._current_stream(q.device),
+        "  part: is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "  part: launcher call (maps, args, launch)": lambda: launch(stream, *addresses, lse.data_ptr()),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--shape", default="1,128,8,128", metavar="B,S,H,D")
     parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the parts of an attention() call on their own (where its host time goes)")
     args = parser.parse_args()
     b, s, h, d = (int(x) for x in args.shape.split(","))
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch_dtype(args.dtype)) for _ in range(3))
@@ -64,6 +87,12 @@ def main() -> int:
         "SDPA in sdpa_kernel(FLASH_ATTENTION)": in_backend(backend.FLASH_ATTENTION),
         "torch.empty_like(q) (floor)": lambda: torch.empty_like(q),
     }
+    if args.breakdown:
+        from codegen import launcher
+
+        rows.update(breakdown(q, k, v))
+        launcher._load_driver_lib()
+        print(f"launches through libcuda by ctypes: {launcher._lib_launch is not None}")
     results = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
     if args.json:
         print(json.dumps({"shape": args.shape, "dtype": args.dtype, "calls": args.calls, "us_per_call": results}))

@@ -14,7 +14,8 @@ _MAPS = tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP,
                     f"CUtensorMap of {op} (by value, __grid_constant__; layouts/ derives its dims, strides and box)",
                     f"maps[{i}]") for i, op in enumerate("qkvo"))
 _LSE = Param("lse_out", "float* __restrict__", Pack.POINTER,
-             "float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row", "lse")
+             "float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row; null: "
+             "not written", "lse")
 _VARLEN = (
     Param("cu_seqlens_q", "const int* __restrict__", Pack.POINTER,
           "int (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])", "cu_seqlens_q"),
