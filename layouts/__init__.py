@@ -17,6 +17,7 @@ Modules, one job each:
 * ``verify``   -- basis-vector and exhaustive comparison of two maps, seed-style reports
 * ``operands`` -- ``derive_operand``: the Q/K/V/O tiles the kernels stage, derived and verified
 * ``seed``     -- the B300 story's V layout, its two wrong formulas and its wrong 4-D box
+* ``tcgen05``  -- Blackwell facts as data: the tcgen05.mma instruction descriptor, the TMEM column plan, the TMEM load map
 * ``cli``      -- ``gen.py layout`` and ``gen.py verify``
 """
 
