@@ -61,6 +61,10 @@ def probe_injections(spec: KernelSpec) -> list[tuple[str, dict]]:
     return star("q", "m", "k", (rows_q, d)) + star("k", "n", "k", (bn, d)) + star("v", "k", "n", (bn, d))
 
 
+# The compute capability each architecture's probe needs (its cubin runs on that GPU only).
+CAPABILITY = {"sm_90a": (9, 0), "sm_100a": (10, 0), "sm_103a": (10, 3)}
+
+
 def probe_spec(spec: KernelSpec) -> KernelSpec:
     """The one-block spec whose probe checks `spec`'s tiles: one Q tile and one K/V block of its block_n."""
     from . import families
@@ -68,6 +72,18 @@ def probe_spec(spec: KernelSpec) -> KernelSpec:
     s = families.resolve(spec)
     seq = max(s.block_m, s.block_n)
     return s.replace(seq_len=seq, seq_len_k=seq, kv_heads=s.heads)
+
+
+def check_device(arch: str, device_index: int = 0) -> None:
+    """Raise a clear error unless the GPU can run `arch`'s cubin."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"the {arch} probe needs a GPU; torch sees none")
+    have = torch.cuda.get_device_capability(device_index)
+    if have != CAPABILITY[arch]:
+        raise RuntimeError(f"the {arch} probe needs compute capability {CAPABILITY[arch][0]}.{CAPABILITY[arch][1]}; "
+                           f"device {device_index} ({torch.cuda.get_device_name(device_index)}) is {have[0]}.{have[1]}")
 
 
 def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeReport:
@@ -78,9 +94,10 @@ def run_probe(spec: KernelSpec, device_index: int = 0, seed: int = 0) -> ProbeRe
     from .check import torch_dtype
 
     s = families.resolve(spec)
+    check_device(s.arch, device_index)
     rows_q, bn, d = s.block_m, s.block_n, s.head_dim
     seq = max(rows_q, bn)
-    built = build(probe_spec(spec), family="probe_sm90")
+    built = build(probe_spec(spec), family=families.PROBE_BY_ARCH[s.arch])
     plan = built.plan
     kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, plan.smem.total, device_index)
 

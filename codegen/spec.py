@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from layouts.dtypes import DTYPES, HEAD_DIMS
 
-SUPPORTED_ARCHS = ("sm_90a",)
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a", "sm_103a")  # Blackwell: layouts and the probe (codegen.families)
 SUPPORTED_DTYPES = {name: d.bytes for name, d in DTYPES.items()}
 SUPPORTED_HEAD_DIMS = HEAD_DIMS
 # Keys per K/V tile: N of QK^T (at most 256 for wgmma) and K of PV, so whole 16-key MMA slices. Non-powers of
@@ -75,8 +75,8 @@ class KernelSpec:
                  f"head_dim {self.head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
         _require(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         _require(self.arch in SUPPORTED_ARCHS,
-                 f"arch {self.arch!r} has no runnable kernel template; supported: {SUPPORTED_ARCHS} "
-                 "(Blackwell layouts are derived and verified by `gen.py layout`, not emitted as kernels yet)")
+                 f"arch {self.arch!r} is not supported; choose one of {SUPPORTED_ARCHS} (the Blackwell ones have "
+                 "their layouts and probe, not yet a forward kernel)")
         _require(self.block_m == 2 * ROWS_PER_CONSUMER,
                  f"block_m must be {2 * ROWS_PER_CONSUMER} (two consumer warpgroups of {ROWS_PER_CONSUMER} rows)")
         if self.block_n:

@@ -31,7 +31,7 @@ import numpy as np
 import sympy
 
 from .cexpr import compile_c_expr
-from .derive import closed_form, to_c
+from .derive import closed_form, shr, to_c
 from .dtypes import DTYPES, HEAD_DIMS
 from .errors import LayoutError
 from .linear import LinearLayout
@@ -89,9 +89,15 @@ class TensorMapRecipe:
         """Tensor-map coordinates (innermost first) of the tile's first element."""
         if self.kind == "row_tiles":
             return (0, seq_start, 0, head, batch_index)
-        if seq_start % 8:
-            raise LayoutError(f"seq_start {seq_start}: key-group tiles start on a multiple of 8 keys")
-        return (0, 0, 0, head, (batch_index * seq_len + seq_start) // 8)
+        if seq_len % 8:
+            raise LayoutError(f"seq_len {seq_len}: the key-group map walks keys in groups of 8")
+        if isinstance(seq_start, int):
+            if seq_start % 8:
+                raise LayoutError(f"seq_start {seq_start}: key-group tiles start on a multiple of 8 keys")
+            groups = seq_start // 8
+        else:  # symbolic (a C expression's variable): the kernel keeps it a multiple of 8
+            groups = shr(seq_start, 3)
+        return (0, 0, 0, head, batch_index * (seq_len // 8) + groups)
 
     def describe(self) -> dict:
         return {"rank": self.rank, "dims": list(self.dims_symbolic), "strides_bytes": list(self.strides_symbolic),

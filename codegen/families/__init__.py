@@ -38,9 +38,9 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from . import fwd_sm90, probe_sm90
+    from . import fwd_sm90, probe_sm90, probe_sm100
 
-    return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY)}
+    return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY, probe_sm100.FAMILY)}
 
 
 def get(name: str) -> Family:
@@ -50,13 +50,28 @@ def get(name: str) -> Family:
     return families[name]
 
 
+FORWARD_BY_ARCH = {"sm_90a": "fwd_sm90"}
+PROBE_BY_ARCH = {"sm_90a": "probe_sm90", "sm_100a": "probe_sm100", "sm_103a": "probe_sm100"}
+
+
 def family_for(spec) -> Family:
-    """The family a spec belongs to by default (its own kernel, not a probe)."""
-    return get("fwd_sm90")
+    """The forward family of the spec's architecture."""
+    from codegen.spec import SpecError
+
+    if spec.arch not in FORWARD_BY_ARCH:
+        raise SpecError(f"no forward kernel for {spec.arch} yet: its layouts are derived and verified (`gen.py layout "
+                        f"--arch {spec.arch}`) and `gen.py probe --arch {spec.arch}` builds its basis-vector probe")
+    return get(FORWARD_BY_ARCH[spec.arch])
+
+
+def probe_family_for(spec) -> Family:
+    return get(PROBE_BY_ARCH[spec.arch])
 
 
 def resolve(spec):
-    return family_for(spec).resolve(spec)
+    """The spec with every default filled, by its forward family (its probe's where there is no forward yet)."""
+    name = FORWARD_BY_ARCH.get(spec.arch) or PROBE_BY_ARCH[spec.arch]
+    return get(name).resolve(spec)
 
 
 def make_plan(spec):

@@ -8,22 +8,18 @@ each derivation before returning it. The template renders the plan and invents n
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from functools import cached_property
 
-import sympy
-
 import layouts
 from layouts import fragments
-from layouts import mma as layouts_mma
-from layouts.derive import to_c
 
 from codegen import policy
 from codegen.abi import GridError, KernelABI
 from codegen.spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
+from ..common import descriptor_address_shift, tma_origin_c
 from .abi import kernel_abi
 
 THREADS_PER_WARPGROUP = 128
@@ -256,31 +252,13 @@ class Plan:
         return elems
 
     def origin_c(self, operand: layouts.OperandDerivation, names: tuple[str, str, str]) -> str:
-        """The tensor-map coordinates of the operand's tile as C arguments over `names`: the C names of
-        (first sequence row, head, tensor-map batch index) where the expression is used."""
-        row, head, batch = (sympy.Symbol(n) for n in names)
-        seq_len = self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len
-        origin = operand.tensor_map.box_origin(batch_index=batch, seq_start=row, head=head, seq_len=seq_len)
-        return ", ".join(to_c(sympy.sympify(c)) for c in origin)
+        """The operand tile's tensor-map coordinates as C over `names` (first sequence row, head, batch)."""
+        return tma_origin_c(operand, names, self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len)
 
     @cached_property
     def desc_address_shift(self) -> int:
-        """How a tile's shared address enters a descriptor built for address 0: encode(start = a) equals
-        encode(start = 0) + (a >> shift) for every tile address the kernel uses (checked here, per operand,
-        against the descriptor encoder in layouts.mma)."""
-        shifts = set()
-        for op in (self.q, self.k, self.v):
-            base = op.descriptor_objects()[0]
-            zero = dataclasses.replace(base, start_address=0).encode()
-            unit = dataclasses.replace(base, start_address=op.smem_align).encode() - zero
-            shift = (op.smem_align // unit).bit_length() - 1
-            assert unit << shift == op.smem_align, (op.operand, unit)
-            for address in range(0, layouts_mma.FIELD_LIMIT, op.smem_align):
-                if dataclasses.replace(base, start_address=address).encode() != zero + (address >> shift):
-                    raise AssertionError(f"{op.operand}: start address {address} does not encode as address >> {shift}")
-            shifts.add(shift)
-        (shift,) = shifts
-        return shift
+        """How a tile's shared address enters a descriptor built for address 0 (checked per operand)."""
+        return descriptor_address_shift((self.q, self.k, self.v))
 
 
 @functools.lru_cache(maxsize=64)
