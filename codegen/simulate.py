@@ -1,0 +1,266 @@
+"""A CPU functional model of one Blackwell attention tile's dataflow, built from the layout objects the kernels
+are rendered from (`gen.py simulate --shape S,H,D --arch sm_103a`).
+
+No Blackwell GPU is lent here, so this is how the sm_100a/sm_103a data path is checked end to end before
+silicon: random Q, K, V sit in a byte-addressed global memory; the TMA model (layouts.tma.place_box) writes
+each tile into shared-memory bytes through the derived tensor maps (V by the seed's 5-D key-group map); the
+descriptor model (layouts.mma.mma_read_byte) reads every operand element as tcgen05.mma would, through the
+derived descriptors; a TMEM model (128 lanes x 512 columns of 32-bit cells) holds S, P packed over S and O at the
+derived column plan (layouts.tcgen05); the online softmax, the conditional rescale of O and the PV split follow
+the seed's kernel. The output is compared with float64 attention, within twice the error of the same
+computation done directly in the inputs' dtype (no layouts): a layout, descriptor, box or TMEM column that is
+wrong moves elements and fails by far more.
+
+Injected faults show the model can fail: the seed's wrong V formula (`n_vec ^ (k & 6)`, V staged by it instead
+of by TMA), P written one 16-key slice off in TMEM, and the seed's 4-D V box.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from layouts import seed
+from layouts.cexpr import compile_c_expr
+from layouts.mma import mma_read_byte
+from layouts.tma import TensorMapParams, place_box
+
+from .families import probe_sm100
+from .spec import MMA_K, KernelSpec, SpecError
+
+FAULTS = ("seed_v_formula", "p_column", "v_box_4d")
+LOG2E = 1.4426950408889634
+
+
+def to_bits(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> the 16-bit patterns of f16 or bf16 (round to nearest even)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "f16":
+        return x.astype(np.float16).view(np.uint16)
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
+    bits = np.asarray(bits, dtype=np.uint16)
+    if dtype == "f16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass
+class Machine:
+    """Byte-addressed global and shared memory, and tensor memory, for one CTA."""
+    gmem: np.ndarray
+    smem: np.ndarray
+    tmem: np.ndarray  # (128, 512) uint32
+
+    def tma_load(self, params: TensorMapParams, origin, smem_address: int) -> None:
+        placed = place_box(params, origin, smem_address)
+        e = params.elem_bytes
+        for b in range(e):
+            src = np.where(placed.global_address >= 0, self.gmem[np.maximum(placed.global_address, 0) + b], 0)
+            self.smem[smem_address + placed.smem_offset + b] = src  # out of bounds: zero-filled
+
+    def read16(self, address) -> np.ndarray:
+        address = np.asarray(address, dtype=np.int64)
+        return self.smem[address].astype(np.uint16) | (self.smem[address + 1].astype(np.uint16) << 8)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    spec: KernelSpec
+    rel_err: float
+    yardstick: float  # the same computation in the inputs' dtype, no layouts
+    worst_row_err: float
+    worst_row_yardstick: float
+    fault: str | None
+
+    @property
+    def ok(self) -> bool:
+        return (math.isfinite(self.rel_err) and self.rel_err <= 2 * max(self.yardstick, 1e-7)
+                and self.worst_row_err <= 2 * max(self.worst_row_yardstick, 1e-7))
+
+    def summary(self) -> str:
+        s = self.spec
+        fault = f", fault injected: {self.fault}" if self.fault else ""
+        return (f"simulate {s.arch} S_k={s.keys} D={s.head_dim} {s.dtype} block_n={s.block_n}{fault}: rel err "
+                f"{self.rel_err:.3e} (same-dtype computation {self.yardstick:.3e}), worst row {self.worst_row_err:.3e} "
+                f"({self.worst_row_yardstick:.3e}): {'PASS' if self.ok else 'FAIL'}")
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _worst_row(a, b) -> float:
+    return float(np.max(np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)))
+
+
+def _operand(machine: Machine, derivation, tile: int, kk: int, rows: int) -> np.ndarray:
+    """(rows x 16) float32: slice kk of the operand tile at shared address `tile`, as tcgen05.mma reads it."""
+    desc = derivation.descriptor_objects()[kk]
+    desc = dataclasses.replace(desc, start_address=desc.start_address + tile)
+    r, k = np.meshgrid(np.arange(rows), np.arange(MMA_K), indexing="ij")
+    address = mma_read_byte(desc, major=derivation.mma_major, elem_bytes=derivation.elem_bytes, row=r, k=k)
+    return from_bits(machine.read16(address), derivation.dtype)
+
+
+def _place_by_formula(machine: Machine, c_formula: str, values_bits: np.ndarray, tile: int) -> None:
+    """Stage a (keys x head dim) V tile at the byte offsets a C formula over (k, n) gives (the seed's V46)."""
+    keys, dim = values_bits.shape
+    formula = compile_c_expr(c_formula, ("k", "n"))
+    k, n = np.meshgrid(np.arange(keys), np.arange(dim), indexing="ij")
+    offset = tile + np.asarray(formula({"k": k, "n": n}), dtype=np.int64)
+    machine.smem[offset] = (values_bits & 0xFF).astype(np.uint8)
+    machine.smem[offset + 1] = (values_bits >> 8).astype(np.uint8)
+
+
+def _reference(q, k, v, scale):
+    scores = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
+    p = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def _same_dtype(q, k, v, scale, dtype):
+    """The flash computation with no layouts: f32 products, P rounded to the dtype before PV."""
+    s = (q @ k.T).astype(np.float32)
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp2((s - m) * np.float32(scale * LOG2E)).astype(np.float32)
+    pr = from_bits(to_bits(p, dtype), dtype)
+    return (pr @ v) / p.sum(axis=1, keepdims=True)
+
+
+def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None) -> SimResult:
+    """One 128-row query tile over every key block of `spec` (batch 1, one head)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # an injected fault may turn P's bits into NaN
+        return _simulate(spec, seed_value, fault)
+
+
+def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult:
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
+    spec = probe_sm100.resolve(spec)
+    if spec.keys % 8:
+        raise SpecError(f"S_k = {spec.keys}: the 5-D V map (the seed's) walks keys in groups of 8, so the Blackwell "
+                        "path takes key lengths that are multiples of 8")
+    plan = probe_sm100.ProbePlan(spec.replace(seq_len=max(spec.seq_len, probe_sm100.TILE_M)))
+    s = plan.spec
+    d, bn, dtype, e = s.head_dim, s.block_n, s.dtype, s.elem_bytes
+    rows, keys = probe_sm100.TILE_M, s.keys
+    rng = np.random.default_rng(seed_value)
+    tensors = {name: from_bits(to_bits(rng.standard_normal((n, d)).astype(np.float32), dtype), dtype)
+               for name, n in (("q", rows), ("k", keys), ("v", keys))}
+    # Global memory: q, k, v back to back, (S, 1 head, D) contiguous, 16-byte aligned.
+    base, offset = {}, 0
+    for name, t in tensors.items():
+        base[name] = offset
+        offset += -(-t.size * e // 1024) * 1024
+    gmem = np.zeros(offset, dtype=np.uint8)
+    for name, t in tensors.items():
+        bits = to_bits(t, dtype).ravel()
+        gmem[base[name]:base[name] + 2 * bits.size:2] = (bits & 0xFF).astype(np.uint8)
+        gmem[base[name] + 1:base[name] + 2 * bits.size:2] = (bits >> 8).astype(np.uint8)
+    machine = Machine(gmem, np.zeros(plan.smem.total + 4096, dtype=np.uint8),
+                      np.zeros((probe_sm100.TILE_M, 512), dtype=np.uint32))
+    smem_base = -(-1024 // plan.smem_align) * plan.smem_align  # any 1024-aligned dynamic base
+    q_tile, k_tile, v_tile = (smem_base + getattr(plan.smem, f"{op}_offset") for op in "qkv")
+
+    def params(op, seq):
+        return getattr(plan, op).tensor_map.instantiate(batch=1, seq_len=seq, heads=1, stride_b=seq * d, stride_s=d,
+                                                       stride_h=d, base_address=base[op])
+
+    machine.tma_load(params("q", rows), plan.q.tensor_map.box_origin(batch_index=0, seq_start=0, head=0,
+                                                                     seq_len=rows), q_tile)
+    tm = plan.tmem
+    s_col, o_col = tm.regions[0].first_column, tm.regions[1].first_column
+    p_col = tm.p_columns(0).first_column  # where the MMA reads P
+    p_write_col = p_col + (MMA_K * e // 4 if fault == "p_column" else 0)  # where the softmax warps write it
+    scale_log2 = np.float32(LOG2E / math.sqrt(d))
+    row_max = np.full(rows, -np.inf, dtype=np.float32)
+    row_sum = np.zeros(rows, dtype=np.float32)
+    machine.tmem[:, o_col:o_col + d] = 0
+    packed_per_slice = MMA_K * e // 4
+    for j in range(-(-keys // bn)):
+        k_params = params("k", keys)
+        machine.tma_load(k_params, plan.k.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0, seq_len=keys),
+                         k_tile)
+        if fault == "seed_v_formula":  # the seed's V46: V staged by its wrong formula, not by the tensor map
+            v_block = np.zeros((bn, d), dtype=np.float32)
+            hi = min(keys, (j + 1) * bn)
+            v_block[:hi - j * bn] = tensors["v"][j * bn:hi]
+            _place_by_formula(machine, seed.WRONG_N_VEC_C, to_bits(v_block, dtype), v_tile)
+        elif fault == "v_box_4d":  # the seed's 4-D map walks the two atoms side by side in each row
+            four_d = seed.four_d_box(heads=1, seq_len=keys)
+            four_d = dataclasses.replace(four_d, global_address=base["v"], dtype=dtype)
+            machine.tma_load(four_d, (0, 0, 0, j * bn), v_tile)
+        else:
+            machine.tma_load(params("v", keys), plan.v.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0,
+                                                                             seq_len=keys), v_tile)
+        # S = Q K^T, one tcgen05.mma per 16-wide slice of the head dim, accumulated in TMEM (f32).
+        s_block = np.zeros((rows, bn), dtype=np.float32)
+        for kk in range(d // MMA_K):
+            s_block += _operand(machine, plan.q, q_tile, kk, rows) @ _operand(machine, plan.k, k_tile, kk, bn).T
+        machine.tmem[:, s_col:s_col + bn] = s_block.view(np.uint32)
+        # Softmax warps: S from TMEM, mask keys past the end, new max, conditional rescale of O, P over S.
+        s_read = machine.tmem[:, s_col:s_col + bn].view(np.float32).copy()
+        s_read[:, max(0, keys - j * bn):] = -np.inf
+        new_max = np.maximum(row_max, s_read.max(axis=1))
+        alpha = np.exp2((row_max - new_max) * scale_log2).astype(np.float32)
+        if np.any(alpha != 1.0):  # the seed rescales O only when some row's max grew
+            o = machine.tmem[:, o_col:o_col + d].view(np.float32) * alpha[:, None]
+            machine.tmem[:, o_col:o_col + d] = o.astype(np.float32).view(np.uint32)
+        row_max = new_max
+        p = np.exp2(s_read * scale_log2 - (row_max * scale_log2)[:, None]).astype(np.float32)
+        row_sum = row_sum * alpha + p.sum(axis=1, dtype=np.float32)
+        p_bits = to_bits(p, dtype).astype(np.uint32)
+        packed = p_bits[:, 0::2] | (p_bits[:, 1::2] << 16)  # key 2c in the low half, 2c + 1 in the high
+        machine.tmem[:, p_write_col:p_write_col + bn // 2] = packed[:, :machine.tmem.shape[1] - p_write_col]
+        # O += P V, TS form: A = P from TMEM (K-major, 16 keys = packed_per_slice columns), B = V by descriptor.
+        o = machine.tmem[:, o_col:o_col + d].view(np.float32).copy()
+        for kk in range(bn // MMA_K):
+            cols = machine.tmem[:, p_col + kk * packed_per_slice:p_col + (kk + 1) * packed_per_slice]
+            a = np.empty((rows, MMA_K), dtype=np.float32)
+            a[:, 0::2] = from_bits((cols & 0xFFFF).astype(np.uint16), dtype)
+            a[:, 1::2] = from_bits((cols >> 16).astype(np.uint16), dtype)
+            b = _operand(machine, plan.v, v_tile, kk, d)  # (n, k): element (head col n, key k)
+            o += a @ b.T
+        machine.tmem[:, o_col:o_col + d] = o.view(np.uint32)
+    out = machine.tmem[:, o_col:o_col + d].view(np.float32) / row_sum[:, None]
+    q, k, v = tensors["q"], tensors["k"], tensors["v"]
+    ref = _reference(q, k, v, 1 / math.sqrt(d))
+    same = _same_dtype(q, k, v, 1 / math.sqrt(d), dtype)
+    return SimResult(s, _rel(out, ref), _rel(same, ref), _worst_row(out, ref), _worst_row(same, ref), fault)
+
+
+def simulate_main(argv: list[str]) -> int:
+    """`gen.py simulate`: the CPU model of a Blackwell tile; the last line says PASS (exit 0) or FAIL (exit 1)."""
+    import argparse
+    import sys
+
+    from layouts.dtypes import DTYPE_NAMES
+
+    parser = argparse.ArgumentParser(prog="gen.py simulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="1024,1,128", metavar="S,H,D",
+                        help="key length, heads (one is simulated), head dim")
+    parser.add_argument("--arch", default="sm_103a", choices=probe_sm100.BLACKWELL_ARCHS)
+    parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
+    parser.add_argument("--block-n", type=int, default=0, help="keys per block (default: the policy's)")
+    parser.add_argument("--seed", type=int, default=0, help="random inputs' seed")
+    parser.add_argument("--inject-seed-bug", action="store_true",
+                        help="stage V by the seed's wrong formula (n_vec ^ (k & 6)); must end in FAIL")
+    parser.add_argument("--fault", choices=FAULTS, help="inject one fault by name (seed_v_formula is --inject-seed-bug)")
+    args = parser.parse_args(argv)
+    try:
+        s, h, d = (int(x) for x in args.shape.split(","))
+        spec = KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, arch=args.arch, block_n=args.block_n)
+        result = simulate(spec, seed_value=args.seed, fault="seed_v_formula" if args.inject_seed_bug else args.fault)
+    except ValueError as e:  # SpecError, LayoutError, a malformed --shape
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0 if result.ok else 1
