@@ -26,7 +26,7 @@ class BuiltKernel:
     def manifest(self) -> dict:
         plan, spec = self.plan, self.plan.spec
         tensor_maps = {}
-        for name in ("q", "k", "v", "o"):
+        for name in (op for op in ("q", "k", "v", "o") if hasattr(plan, op)):  # the operands the kernel maps
             described = getattr(plan, name).tensor_map.describe()
             if name in ("k", "v"):  # the recipe's S and H are the key length and K/V heads here
                 described["dims"] = [{"S": "S_k", "H": "H_kv"}.get(d, d) for d in described["dims"]]

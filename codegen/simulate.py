@@ -6,8 +6,8 @@ silicon: random Q, K, V sit in a byte-addressed global memory; the TMA model (la
 each tile into shared-memory bytes through the derived tensor maps (V by the seed's 5-D key-group map); the
 descriptor model (layouts.mma.mma_read_byte) reads every operand element as tcgen05.mma would, through the
 derived descriptors; a TMEM model (128 lanes x 512 columns of 32-bit cells) holds S, P packed over S and O at the
-derived column plan (layouts.tcgen05); the online softmax, the conditional rescale of O and the PV split follow
-the seed's kernel. The output is compared with float64 attention, within twice the error of the same
+derived column plan (layouts.tcgen05); the online softmax, the conditional rescale of O and the buffer order follow
+the Blackwell forward kernel (codegen/families/fwd_sm100: ring slot j % stages, TMEM S buffer j % 2). The output is compared with float64 attention, within twice the error of the same
 computation done directly in the inputs' dtype (no layouts): a layout, descriptor, box or TMEM column that is
 wrong moves elements and fails by far more.
 
@@ -28,8 +28,8 @@ from layouts.cexpr import compile_c_expr
 from layouts.mma import mma_read_byte
 from layouts.tma import TensorMapParams, place_box
 
-from .families import probe_sm100
-from .spec import MMA_K, KernelSpec, SpecError
+from .families import fwd_sm100
+from .spec import MMA_K, KernelSpec
 
 FAULTS = ("seed_v_formula", "p_column", "v_box_4d")
 LOG2E = 1.4426950408889634
@@ -143,14 +143,10 @@ def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None)
 def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult:
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
-    spec = probe_sm100.resolve(spec)
-    if spec.keys % 8:
-        raise SpecError(f"S_k = {spec.keys}: the 5-D V map (the seed's) walks keys in groups of 8, so the Blackwell "
-                        "path takes key lengths that are multiples of 8")
-    plan = probe_sm100.ProbePlan(spec.replace(seq_len=max(spec.seq_len, probe_sm100.TILE_M)))
+    plan = fwd_sm100.Plan(fwd_sm100.resolve(spec.replace(seq_len=max(spec.seq_len, fwd_sm100.TILE_M))))
     s = plan.spec
     d, bn, dtype, e = s.head_dim, s.block_n, s.dtype, s.elem_bytes
-    rows, keys = probe_sm100.TILE_M, s.keys
+    rows, keys = fwd_sm100.TILE_M, s.keys
     rng = np.random.default_rng(seed_value)
     tensors = {name: from_bits(to_bits(rng.standard_normal((n, d)).astype(np.float32), dtype), dtype)
                for name, n in (("q", rows), ("k", keys), ("v", keys))}
@@ -165,9 +161,9 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult
         gmem[base[name]:base[name] + 2 * bits.size:2] = (bits & 0xFF).astype(np.uint8)
         gmem[base[name] + 1:base[name] + 2 * bits.size:2] = (bits >> 8).astype(np.uint8)
     machine = Machine(gmem, np.zeros(plan.smem.total + 4096, dtype=np.uint8),
-                      np.zeros((probe_sm100.TILE_M, 512), dtype=np.uint32))
+                      np.zeros((fwd_sm100.TILE_M, 512), dtype=np.uint32))
     smem_base = -(-1024 // plan.smem_align) * plan.smem_align  # any 1024-aligned dynamic base
-    q_tile, k_tile, v_tile = (smem_base + getattr(plan.smem, f"{op}_offset") for op in "qkv")
+    q_tile = smem_base + plan.smem.q
 
     def params(op, seq):
         return getattr(plan, op).tensor_map.instantiate(batch=1, seq_len=seq, heads=1, stride_b=seq * d, stride_s=d,
@@ -176,15 +172,19 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult
     machine.tma_load(params("q", rows), plan.q.tensor_map.box_origin(batch_index=0, seq_start=0, head=0,
                                                                      seq_len=rows), q_tile)
     tm = plan.tmem
-    s_col, o_col = tm.regions[0].first_column, tm.regions[1].first_column
-    p_col = tm.p_columns(0).first_column  # where the MMA reads P
-    p_write_col = p_col + (MMA_K * e // 4 if fault == "p_column" else 0)  # where the softmax warps write it
+    o_col = tm.regions[-1].first_column
+    p_shift = MMA_K * e // 4 if fault == "p_column" else 0  # the fault: P written one slice past where it is read
     scale_log2 = np.float32(LOG2E / math.sqrt(d))
     row_max = np.full(rows, -np.inf, dtype=np.float32)
     row_sum = np.zeros(rows, dtype=np.float32)
     machine.tmem[:, o_col:o_col + d] = 0
     packed_per_slice = MMA_K * e // 4
     for j in range(-(-keys // bn)):
+        # The forward kernel's buffers for block j: ring slot j % stages, TMEM S buffer j % 2 (P over it).
+        k_tile = smem_base + plan.smem.k + (j % s.stages) * plan.k.smem_bytes
+        v_tile = smem_base + plan.smem.v + (j % s.stages) * plan.v.smem_bytes
+        s_col = p_col = tm.regions[j % 2].first_column
+        p_write_col = p_col + p_shift
         k_params = params("k", keys)
         machine.tma_load(k_params, plan.k.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0, seq_len=keys),
                          k_tile)
@@ -247,7 +247,7 @@ def simulate_main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="1024,1,128", metavar="S,H,D",
                         help="key length, heads (one is simulated), head dim")
-    parser.add_argument("--arch", default="sm_103a", choices=probe_sm100.BLACKWELL_ARCHS)
+    parser.add_argument("--arch", default="sm_103a", choices=fwd_sm100.ARCHS)
     parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
     parser.add_argument("--block-n", type=int, default=0, help="keys per block (default: the policy's)")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed")

@@ -16,7 +16,7 @@ from codegen.render import render
 from codegen.spec import KernelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL_TEMPLATES = sorted(p for d in ("common", "fwd_sm90", "probe_sm90", "probe_sm100") for p in (ROOT / "templates" / d).glob("*.j2"))
+KERNEL_TEMPLATES = sorted(p for d in ("common", "fwd_sm90", "probe_sm90", "fwd_sm100", "probe_sm100") for p in (ROOT / "templates" / d).glob("*.j2"))
 MAX_IFS, MAX_LINES = 12, 450
 
 
@@ -29,7 +29,7 @@ def test_kernel_templates_stay_small(path):
 
 
 def test_every_family_is_registered_with_its_template():
-    for name in ("fwd_sm90", "probe_sm90", "probe_sm100"):
+    for name in ("fwd_sm90", "probe_sm90", "fwd_sm100", "probe_sm100"):
         family = families.get(name)
         assert (ROOT / "templates" / family.template).is_file()
     with pytest.raises(KeyError, match="no kernel family"):

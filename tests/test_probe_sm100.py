@@ -35,10 +35,11 @@ def test_probe_compiles_to_tcgen05_with_every_number_derived(arch, head_dim, dty
     assert plan.v.tensor_map.kind == "key_group_atoms"  # the seed's 5-D V map
 
 
-def test_blackwell_forward_is_refused_with_a_pointer_to_the_probe():
-    with pytest.raises(SpecError, match="no forward kernel for sm_103a yet.*gen.py probe --arch sm_103a"):
-        build(KernelSpec(seq_len=1024, heads=64, head_dim=128, arch="sm_103a"))
+def test_blackwell_specs_resolve_with_the_forward_family():
+    assert families.family_for(KernelSpec(seq_len=1024, heads=64, head_dim=128, arch="sm_103a")).name == "fwd_sm100"
     assert families.resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128, arch="sm_100a")).block_n == 128
+    with pytest.raises(SpecError, match="no forward kernel for sm_80|not supported"):
+        KernelSpec(seq_len=1024, heads=64, head_dim=128, arch="sm_80")
 
 
 @pytest.mark.gpu

@@ -31,7 +31,7 @@ def test_the_cli_ends_in_pass_or_fail(capsys):
     assert simulate_main(["--shape", "512,1,128", "--arch", "sm_103a", "--inject-seed-bug"]) == 1
     assert capsys.readouterr().out.strip().endswith("FAIL")
     assert simulate_main(["--shape", "300,1,128"]) == 2
-    assert "multiples of 8" in capsys.readouterr().err
+    assert "groups of 8" in capsys.readouterr().err
 
 
 def test_key_lengths_off_the_8_key_groups_are_refused():

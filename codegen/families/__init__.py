@@ -38,9 +38,9 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from . import fwd_sm90, probe_sm90, probe_sm100
+    from . import fwd_sm90, fwd_sm100, probe_sm90, probe_sm100
 
-    return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY, probe_sm100.FAMILY)}
+    return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY, fwd_sm100.FAMILY, probe_sm100.FAMILY)}
 
 
 def get(name: str) -> Family:
@@ -50,7 +50,7 @@ def get(name: str) -> Family:
     return families[name]
 
 
-FORWARD_BY_ARCH = {"sm_90a": "fwd_sm90"}
+FORWARD_BY_ARCH = {"sm_90a": "fwd_sm90", "sm_100a": "fwd_sm100", "sm_103a": "fwd_sm100"}
 PROBE_BY_ARCH = {"sm_90a": "probe_sm90", "sm_100a": "probe_sm100", "sm_103a": "probe_sm100"}
 
 

@@ -1,0 +1,196 @@
+"""The forward attention kernel for Blackwell (sm_100a, sm_103a): the seed's structure, first version.
+
+One CTA per 128-row query tile (no 2-CTA cluster). Warp 0 issues TMA loads of Q and of K/V into a ring; warp 1
+allocates tensor memory and one of its threads issues every tcgen05.mma: S = Q K^T (SS) into one of two TMEM S
+buffers, then O += P V (TS: A = P from TMEM over that S, B = V MN-major by the seed's 5-D map); warps 2-5 are the
+softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter, rescaling
+O in TMEM only when the row max grew, writing P over S and, at the end, normalizing O into global memory.
+The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/test_fwd_sm100.py).
+
+Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
+same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. Not yet: persistence, the PV
+split, double-buffered S loads, windows, softcap, varlen; `resolve` refuses them with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from functools import cached_property
+
+import layouts
+from layouts import tcgen05
+
+from codegen import policy
+from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI, Pack, Param
+from codegen.spec import MMA_K, KernelSpec, SpecError
+
+from .. import Family
+from ..common import descriptor_address_shift, tma_origin_c
+from ..fwd_sm90 import tma_tiles
+from ..fwd_sm90.abi import LOG2E
+
+ARCHS = ("sm_100a", "sm_103a")
+TILE_M = 128
+WARPS = 6  # TMA, MMA, four softmax warps
+SOFTMAX_WARP0 = 2
+THREADS = 32 * WARPS
+SMEM_LIMIT = 227 * 1024
+SMEM_ALIGN_SLACK = 1024
+MAX_STAGES = 4  # KernelSpec allows 2..4 (the seed ran 6: widening the spec is for the next step)
+TMEM_CHUNK = 32
+O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
+
+_PARAMS = (
+    tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP, f"CUtensorMap of {op} (layouts/ derives it)", f"maps[{i}]")
+          for i, op in enumerate("qkv"))
+    + (Param("o_gmem", "unsigned char* __restrict__", Pack.POINTER, "o's base address (B, S, H, D)", "o"),
+       Param("o_batch_bytes", "long long", Pack.I64, "o's batch stride in bytes", "o_batch_bytes"),
+       Param("o_row_bytes", "long long", Pack.I64, "o's sequence stride in bytes", "o_row_bytes"),
+       Param("o_head_bytes", "long long", Pack.I64, "o's head stride in bytes", "o_head_bytes"),
+       Param("lse_out", "float* __restrict__", Pack.POINTER, "float (B, H, S) logsumexp; null: not written", "lse"),
+       Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2")))
+
+
+def resolve(spec: KernelSpec) -> KernelSpec:
+    if spec.arch not in ARCHS:
+        raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
+    unsupported = [name for name, on in (("window", spec.window != (-1, -1)), ("softcap", bool(spec.softcap)),
+                                         ("varlen", spec.varlen), ("persistent", spec.persistent is True),
+                                         ("trace", spec.trace)) if on]
+    if unsupported:
+        raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
+    keys = spec.keys
+    if keys % 8:
+        raise SpecError(f"S_k = {keys}: the 5-D V map walks keys in groups of 8; pad the keys to a multiple of 8")
+    block_n = spec.block_n or policy.DEFAULT_BLOCK_N[spec.head_dim]
+    if block_n % TMEM_CHUNK:
+        raise SpecError(f"block_n {block_n}: S is read from TMEM in {TMEM_CHUNK}-column chunks")
+    spec = spec.replace(block_n=block_n, pv_split=(block_n,), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
+                        persistent=False, tile_overlap=None)
+    if not spec.stages:
+        fitting = [n for n in range(2, MAX_STAGES + 1) if Plan(spec.replace(stages=n)).smem_total <= SMEM_LIMIT]
+        spec = spec.replace(stages=max(fitting, default=2))
+    return spec
+
+
+@functools.lru_cache(maxsize=128)
+def _derive(operand, arch, head_dim, rows, dtype):
+    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class SmemMap:
+    q: int  # offsets of the Q tile and of the K and V rings
+    k: int
+    v: int
+    bar: int
+    slot: int  # where tcgen05.alloc writes the TMEM address
+    total: int  # dynamic shared memory to request, alignment slack included
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: KernelSpec
+    threads = THREADS
+
+    @cached_property
+    def q(self):
+        return _derive("q", self.spec.arch, self.spec.head_dim, TILE_M, self.spec.dtype)
+
+    @cached_property
+    def k(self):
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+
+    @cached_property
+    def v(self):
+        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+
+    @cached_property
+    def tmem(self) -> tcgen05.TmemPlan:
+        return tcgen05.tmem_plan(self.spec.block_n, self.spec.head_dim, self.spec.dtype, buffers=2)
+
+    @cached_property
+    def abi(self) -> KernelABI:
+        st = self.spec.stages
+        barriers = (
+            Barrier("QFull", 1, 1, "Q has landed"),
+            Barrier("KFull", st, 1, "K of a ring slot has landed"),
+            Barrier("VFull", st, 1, "V of a ring slot has landed"),
+            Barrier("KEmpty", st, 1, "the QK that read a K slot is done (tcgen05.commit)"),
+            Barrier("VEmpty", st, 1, "the PV that read a V slot is done (tcgen05.commit)"),
+            Barrier("SFull0", 1, 1, "S buffer 0 holds QK (tcgen05.commit)"),
+            Barrier("SFull1", 1, 1, "S buffer 1 holds QK (tcgen05.commit)"),
+            Barrier("PFull0", 1, 4, "every softmax warp wrote P over S buffer 0"),
+            Barrier("PFull1", 1, 4, "every softmax warp wrote P over S buffer 1"),
+            Barrier("PvDone", 1, 1, "the last PV issued is done (tcgen05.commit)"),
+        )
+        return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=False, heads=self.spec.heads))
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.spec.seq_len // TILE_M)
+
+    @cached_property
+    def smem(self) -> "SmemMap":
+        offset, placed = 0, {}
+        for name, op, count in (("q", self.q, 1), ("k", self.k, self.spec.stages), ("v", self.v, self.spec.stages)):
+            offset = -(-offset // op.smem_align) * op.smem_align
+            placed[name] = offset
+            offset += count * op.smem_bytes
+        bar = -(-offset // MBARRIER_BYTES) * MBARRIER_BYTES
+        slot = bar + self.abi.barriers.bytes
+        return SmemMap(placed["q"], placed["k"], placed["v"], bar, slot, slot + 4 + SMEM_ALIGN_SLACK)
+
+    @property
+    def smem_total(self) -> int:
+        return self.smem.total
+
+    @property
+    def smem_align(self) -> int:
+        return max(op.smem_align for op in (self.q, self.k, self.v))
+
+    def grid(self, batch: int, max_seqlen_q=None, sms: int = 0) -> tuple[int, int, int]:
+        return self.abi.grid.dims(tiles_m=self.m_blocks, batch=batch)
+
+    def origin_c(self, operand, names):
+        return tma_origin_c(operand, names, self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len)
+
+
+def context(plan: Plan) -> dict:
+    s = plan.spec
+    tm = plan.tmem
+    s0, s1, o = tm.regions
+    qk = tcgen05.InstrDescriptor(m=TILE_M, n=s.block_n, ab_type=s.dtype, a_major=plan.q.mma_major,
+                                 b_major=plan.k.mma_major)
+    pv = tcgen05.InstrDescriptor(m=TILE_M, n=s.head_dim, ab_type=s.dtype, a_major="K", b_major=plan.v.mma_major)
+    causal_right = 0 if s.causal else -1
+    return {
+        "summary": (f"{s.name}: S={s.seq_len} S_k={s.keys} H={s.heads} H_kv={s.kv_heads} D={s.head_dim} {s.dtype} "
+                    f"{'causal' if s.causal else 'non-causal'}, block {TILE_M}x{s.block_n}, {s.stages} stages"),
+        "kernel_name": s.name,
+        "arch": s.arch,
+        "ptx_type": s.dtype,
+        "seq_len": s.seq_len, "seq_len_k": s.keys, "heads": s.heads, "group": s.group,
+        "head_dim": s.head_dim, "block_m": TILE_M, "block_n": s.block_n, "stages": s.stages,
+        "window_right": causal_right,
+        "threads": THREADS, "softmax_warp0": SOFTMAX_WARP0,
+        "smem": plan.smem, "smem_align": plan.smem_align,
+        "q_bytes": plan.q.smem_bytes, "k_bytes": plan.k.smem_bytes, "v_bytes": plan.v.smem_bytes,
+        "q_desc": plan.q.descriptors(), "k_desc": plan.k.descriptors(), "v_desc": plan.v.descriptors(),
+        "desc_address_shift": descriptor_address_shift((plan.q, plan.k, plan.v)),
+        "qk_idesc": qk, "pv_idesc": pv,
+        "tmem_alloc": tm.alloc_columns, "s_columns": (s0.first_column, s1.first_column), "o_column": o.first_column,
+        "packed_per_slice": MMA_K * s.elem_bytes // 4,
+        "tmem_chunk": TMEM_CHUNK,
+        "o_vector_elems": O_VECTOR_BYTES // s.elem_bytes,
+        "elem_bytes": s.elem_bytes,
+        "abi": plan.abi, "mbarrier_bytes": MBARRIER_BYTES,
+        "tma_ranks": sorted({op.tensor_map.rank for op in (plan.q, plan.k, plan.v)}),
+        "tma_tiles": tma_tiles(plan, {"q": ("load",), "k": ("load",), "v": ("load",)}),
+        "log2e": LOG2E,
+    }
+
+
+FAMILY = Family(name="fwd_sm100", template="fwd_sm100/kernel.cu.j2", resolve=resolve, make_plan=Plan,
+                context=context, kernel_name=lambda spec: spec.name)

@@ -1,0 +1,95 @@
+"""The Blackwell forward family (codegen/families/fwd_sm100): compiled for sm_100a and sm_103a with the intended
+SASS and every number derived, its barrier protocol checked on the CPU, its options refused with a reason.
+No Blackwell GPU runs it here."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from codegen import families, sass
+from codegen.build import build
+from codegen.families.fwd_sm100 import protocol
+from codegen.spec import KernelSpec, SpecError
+from layouts.tcgen05 import InstrDescriptor
+
+CASES = [dict(seq_len=1024, heads=8, head_dim=128, dtype="bf16"),
+         dict(seq_len=1000, heads=8, head_dim=64, dtype="f16", causal=True),
+         dict(seq_len=300, heads=8, head_dim=96, dtype="f16", seq_len_k=1024, kv_heads=2, causal=True),
+         dict(seq_len=2048, heads=4, head_dim=192, dtype="bf16"),
+         dict(seq_len=512, heads=4, head_dim=256, dtype="bf16", kv_heads=1)]
+
+
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_compiles_to_tcgen05_without_spills(arch, case):
+    built = build(KernelSpec(arch=arch, **case))
+    assert built.family.name == "fwd_sm100"
+    plan, source, name = built.plan, built.rendered.source, built.rendered.kernel_name
+    ops = sass.opcode_counts(sass.disassemble(built.compiled.cubin))
+    assert ops["UTCHMMA"] > 0 and ops["LDTM"] > 0 and ops["STTM"] > 0 and ops["UTMALDG"] >= 3
+    assert ops["HGMMA"] == 0 and ops["HMMA"] == 0 and ops["LDL"] == 0 and ops["STL"] == 0
+    assert built.compiled.spill_stores.get(name, 0) == 0
+    for desc in plan.q.descriptors() + plan.k.descriptors() + plan.v.descriptors():
+        assert f"0x{desc:016x}ull" in source
+    s = plan.spec
+    assert f"kQkIdesc = 0x{InstrDescriptor(m=128, n=s.block_n, ab_type=s.dtype).encode():08x}u" in source
+    assert f"kPvIdesc = 0x{InstrDescriptor(m=128, n=s.head_dim, ab_type=s.dtype, b_major='MN').encode():08x}u" in source
+    assert plan.smem.total <= 227 * 1024 and "NOT YET RUN ON A GPU" in source
+    manifest = built.manifest()
+    assert manifest["family"] == "fwd_sm100" and list(manifest["tensor_maps"]) == ["q", "k", "v"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(window=(128, 0)), "window"), (dict(softcap=30.0), "softcap"), (dict(varlen=True), "varlen"),
+    (dict(seq_len_k=300), "groups of 8"), (dict(block_n=80), "32-column chunks")])
+def test_unsupported_options_are_refused(options, message):
+    with pytest.raises(SpecError, match=message):
+        families.resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a", **options))
+
+
+@pytest.mark.parametrize("stages", (2, 3, 4))
+def test_the_barrier_protocol_cannot_deadlock_alias_or_overrun(stages):
+    for n_kv in range(0, 3 * stages + 1):
+        protocol.check(stages, n_kv, schedules=60, seed=n_kv)
+
+
+@pytest.mark.parametrize("drop, message", [
+    (("producer", "KEmpty"), "K slot .* loaded with block .* before QK"),
+    (("mma", "KFull"), "QK .* ran before K block .* was loaded"),
+    (("mma", "VFull"), "PV .* ran before V block .* was loaded"),
+    (("softmax0", "PvDone"), "rescaled|O read|older phase"),
+    (("mma", "PFull"), "before every softmax warp wrote it"),
+])
+def test_a_missing_wait_is_caught(monkeypatch, drop, message):
+    """(The MMA thread's PvDone wait before reusing an S buffer is kept although the model cannot miss it: it
+    treats one thread's tcgen05.mma as completing in issue order, which the kernel does not rely on.)"""
+    role, barrier = drop
+    real = protocol.programs
+
+    def without(stages, n_kv):
+        progs = real(stages, n_kv)
+        progs[role] = [s for s in progs[role] if not (s.kind == "wait" and s.barrier.startswith(barrier))]
+        return progs
+
+    monkeypatch.setattr(protocol, "programs", without)
+    with pytest.raises(protocol.ProtocolError, match=message):
+        for n_kv in range(1, 9):
+            protocol.check(2, n_kv, schedules=100, seed=1)
+
+
+def test_the_protocol_waits_on_what_the_kernel_waits_on():
+    """Each device function of the rendered kernel waits on exactly the barriers its role waits on here."""
+    source = build(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a")).rendered.source
+    functions = dict(re.findall(r"static __device__ __forceinline__ void (\w+)\((.*?)\n}\n", source, flags=re.S))
+
+    def waited(*names):
+        return {m for n in names for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+?)(?:0)?\s*[+)]", functions[n])}
+
+    def protocol_waits(role):
+        return {s.barrier.split("[")[0] for s in protocol.programs(3, 7)[role] if s.kind == "wait"}
+
+    assert waited("producer") == protocol_waits("producer")
+    assert waited("mma_issuer", "issue_pv") == protocol_waits("mma")
+    assert waited("softmax") == protocol_waits("softmax0")
