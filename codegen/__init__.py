@@ -4,6 +4,8 @@
 itself never needs torch.
 """
 
+__version__ = "0.1.0"
+
 
 def __getattr__(name):
     if name in ("attention", "prepare", "scaled_dot_product_attention", "InputError"):

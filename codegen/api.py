@@ -10,6 +10,7 @@ from layouts import LayoutError
 from layouts.dtypes import BY_TORCH_NAME
 
 from . import build as _build
+from .cuda_env import PIP_HINT_TORCH as TORCH_HINT
 from .families import resolve
 from .families.fwd_sm90.abi import LOG2E
 from .spec import KernelSpec, SpecError
@@ -61,6 +62,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
     """
+    _require_torch("codegen.attention()")
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                     softcap=softcap, pv_split=pv_split, cu_seqlens_q=cu_seqlens_q,
@@ -83,6 +85,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     arguments and result, for what flashgen computes (no attn_mask, no dropout). SDPA aligns a causal mask to
     the top left when S_q != S_k, flashgen to the bottom right, so that case is refused rather than answered
     differently; call `attention` for bottom-right alignment."""
+    _require_torch("codegen.scaled_dot_product_attention()")
     if attn_mask is not None:
         raise InputError("attn_mask is not supported: use is_causal, or codegen.attention's window=(left, right)")
     if dropout_p:
@@ -118,6 +121,11 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
     if launcher is None:
         call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                              pv_split=pv_split, tuning=tuning)
+        if call.spec.arch != "sm_90a":  # Blackwell: no cached launcher yet, every call prepared (and checked)
+            prepared = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
+                               pv_split=pv_split, **tuning)
+            prepared()
+            return prepared.o, prepared.lse if return_lse else None
         built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
         o = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides: every o has them
         launcher = Launcher(built, kernel, _map_params(call, built.plan, q, k, v, o), _fixed_arguments(call, built.plan),
@@ -186,6 +194,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     measured choices of codegen.policy. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
+    _require_torch("codegen.prepare()")
     import torch
 
     from . import driver
@@ -209,12 +218,15 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     lse = torch.empty(call.lse_shape, dtype=torch.float32, device=q.device)
     # The kernel's arguments by name; plan.abi orders, types and checks them (codegen/families/fwd_sm90/abi.py).
     values = dict(_fixed_arguments(call, plan), lse_out=lse.data_ptr())
-    for name, params in _map_params(call, plan, q, k, v, o).items():
+    for name, params in _map_params(call, plan, q, k, v, o).items():  # the operands the family maps
         values[f"tmap_{name}"] = driver.encode_tensor_map(params, {"q": q, "k": k, "v": v, "o": o}[name].data_ptr())
+    e = o.element_size()
     if varlen:
-        e = o.element_size()
         values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                       o_gmem=o.data_ptr(), o_row_bytes=o.stride(0) * e, o_head_bytes=o.stride(1) * e)
+    elif "o_batch_bytes" in plan.abi.names:  # a family that stores O without a tensor map (fwd_sm100)
+        ob, os_, oh = _strides_bshd(o, layout)
+        values.update(o_gmem=o.data_ptr(), o_batch_bytes=ob * e, o_row_bytes=os_ * e, o_head_bytes=oh * e)
     counter = None
     if call.spec.persistent:
         # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
@@ -261,7 +273,9 @@ def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, 
     if unknown:
         raise InputError(f"unknown argument(s) {sorted(unknown)}; the tuning knobs are {TUNING_KNOBS}")
     try:
+        arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused below
         spec = resolve(KernelSpec(seq_len=shape.spec_seq_q, heads=shape.heads, head_dim=shape.dim, causal=bool(causal),
+                                  arch=arch,
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, pv_split=tuple(pv_split or ()),
                                   seq_len_k=shape.spec_seq_k, kv_heads=shape.kv_heads,
                                   window=tuple(window) if window else (-1, -1), softcap=float(softcap), varlen=varlen,
@@ -278,6 +292,8 @@ def _map_params(call: ResolvedCall, plan, q, k, v, o) -> dict:
     params = {}
     for name, tensor, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
+        if not hasattr(plan, name):
+            continue
         # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
         sb, ss, sh = ((tensor.shape[-1], tensor.stride(0), tensor.stride(1)) if varlen
                       else _strides_bshd(tensor, call.layout))
@@ -303,6 +319,20 @@ def _grid(call: ResolvedCall, plan, device) -> tuple[int, int, int]:
                          sms=_sm_count(device.index or 0) if call.spec.persistent else 0)
     except SpecError as e:
         raise InputError(str(e)) from None
+
+
+# The kernel architecture of each GPU flashgen generates for (its cubins run on that compute capability only).
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(device) -> str:
+    capability = torch.cuda.get_device_capability(device)
+    if capability not in ARCH_BY_CAPABILITY:
+        raise InputError(f"{torch.cuda.get_device_name(device)} is compute capability {capability[0]}.{capability[1]}; "
+                         f"flashgen generates kernels for {sorted(ARCH_BY_CAPABILITY.values())} "
+                         "(H100/H200, B200, B300)")
+    return ARCH_BY_CAPABILITY[capability]
 
 
 @functools.lru_cache(maxsize=None)
@@ -468,10 +498,20 @@ def _check_device(t) -> None:
         raise InputError(f"the inputs are on {t.device}; flashgen kernels run on a CUDA device")
 
 
+
+
+def _require_torch(what: str) -> None:
+    """One clear error, before anything else, where torch (or a torch new enough for the custom op) is missing."""
+    if _torch_op is None:
+        raise ModuleNotFoundError(f"{what} needs torch: {_TORCH_MISSING}; {TORCH_HINT}", name="torch")
+
+
+_TORCH_MISSING = ""
 try:  # torch for the calls, and torch.ops.flashgen.attention registered (the generator itself never needs torch)
     import torch
 
     from . import torch_op as _torch_op
     from .launcher import Launcher
-except ImportError:
+except (ImportError, AttributeError) as _e:  # AttributeError: a torch before 2.4, without torch.library.custom_op
+    _TORCH_MISSING = str(_e) if isinstance(_e, ImportError) else f"this torch is too old ({_e})"
     torch = _torch_op = Launcher = None

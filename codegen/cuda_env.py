@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 PIP_HINT_NVRTC = "pip install 'cuda-bindings>=13.0,<14' nvidia-cuda-nvrtc==13.0.88"
+PIP_HINT_TORCH = "pip install 'flashgen[torch]' (any torch 2.4+ with CUDA)"
 PIP_HINT_HEADERS = "pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85"
 
 

@@ -17,10 +17,11 @@ from layouts.dtypes import DTYPES
 from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 from .build import BuiltKernel, build
+from .files import OutputError, check_writable, write_all
 from .families import fwd_sm90
 from .families.fwd_sm90 import abi as fwd_abi
 from .render import environment
-from .spec import KernelSpec
+from .spec import KernelSpec, SpecError
 
 # The example passes when its error against the float32 reference is below this (bf16 inputs give ~3e-3).
 _EXAMPLE_TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
@@ -34,9 +35,45 @@ class Bundle:
 
 
 def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
+    """Build `spec`'s kernel and write its bundle into `directory` (all files or none; codegen.files)."""
     built = build(spec)
+    directory = pathlib.Path(directory)
+    written = write_all({directory / filename: content for filename, content in bundle_files(built).items()})
+    return Bundle(directory, tuple(written), built)
+
+
+def is_bundle_of(directory: pathlib.Path, kernel_name: str) -> bool:
+    """Whether `directory` holds a bundle of this kernel (its manifest names it)."""
+    manifest = pathlib.Path(directory) / f"{kernel_name}.json"
+    try:
+        return json.loads(manifest.read_text()).get("kernel") == kernel_name
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_destination(directory: pathlib.Path, kernel_name: str, *, force: bool = False) -> None:
+    """Refuse (OutputError) to export into a file, or into a non-empty folder that is not a previous bundle of
+    the same kernel (unless `force`), so a bundle never silently overwrites someone's CMakeLists.txt."""
+    directory = pathlib.Path(directory)
+    check_writable(directory, "--export")
+    if force or not directory.is_dir() or is_bundle_of(directory, kernel_name):
+        return
+    try:
+        entries = sorted(p.name for p in directory.iterdir())
+    except OSError as e:
+        raise OutputError(f"--export {directory}: cannot list it ({e.strerror})") from None
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise OutputError(f"--export {directory} is not empty ({shown}) and holds no bundle of {kernel_name}; "
+                          "name a new or empty folder, or pass --force to write over it")
+
+
+def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
+    """The bundle of a built kernel, file name -> content (nothing is written)."""
+    if built.family.name != "fwd_sm90":
+        raise SpecError(f"export bundles are built for the sm_90a forward kernel so far; the {built.family.name} "
+                        "bundle (a launcher for its ABI, nvcc for compute_100a/compute_103a) is not written yet")
     plan, name = built.plan, built.rendered.kernel_name
-    directory.mkdir(parents=True, exist_ok=True)
     operands = []
     for op in ("q", "k", "v", "o"):
         described = getattr(plan, op).tensor_map.describe()
@@ -74,7 +111,7 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         "tolerance": _EXAMPLE_TOLERANCE[plan.spec.dtype],
     }
     env = environment()
-    files = {
+    files: dict[str, str | bytes] = {
         f"{name}.cu": built.rendered.source,
         f"{name}.h": env.get_template("export/launch.h.j2").render(**context),
         f"{name}_launch.cu": env.get_template("export/launch.cu.j2").render(**context),
@@ -84,15 +121,8 @@ def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
         f"{name}.json": json.dumps(built.manifest(), indent=2) + "\n",
         f"{name}.ptx": built.compiled.ptx,
     }
-    written = []
-    for filename, text in files.items():
-        path = directory / filename
-        path.write_text(text)
-        written.append(path)
-    cubin = directory / f"{name}.cubin"
-    cubin.write_bytes(built.compiled.cubin)
-    written.append(cubin)
-    return Bundle(directory, tuple(written), built)
+    files[f"{name}.cubin"] = bytes(built.compiled.cubin)
+    return files
 
 
 def nvcc_command(bundle: Bundle, nvcc: str = "nvcc", output: str = "example") -> list[str]:

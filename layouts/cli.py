@@ -1,8 +1,8 @@
 """``gen.py layout`` and ``gen.py verify``: print a derivation, check a formula, verify them all.
 
-``gen.py`` owns the top-level parser and hands the remaining arguments to ``layout_main`` or
-``verify_main``; both return the process exit code (0 success, 1 mismatch, 2 bad arguments or a
-rejected layout).
+``codegen.cli`` (the ``flashgen`` script and ``gen.py``) owns the top-level parser and hands the remaining
+arguments to ``layout_main`` or ``verify_main``; both return the process exit code (0 success, 1 mismatch,
+2 bad arguments or a rejected layout).
 """
 
 from __future__ import annotations

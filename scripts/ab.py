@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A/B of flashgen tuning knobs against cuDNN, every variant and cuDNN timed in the same run.
 
-    PYTHONPATH=. python3 scripts/ab.py --matrix default --variant base: --variant persist:persistent=1
-    PYTHONPATH=. python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
-    PYTHONPATH=. python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
+    python3 scripts/ab.py --matrix default --variant base: --variant persist:persistent=1
+    python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
+    python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
 pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
@@ -18,6 +18,9 @@ import json
 import os
 import pathlib
 import sys
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.cases import MATRICES, case_from, parse_shape
 from bench.config import BenchConfig

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SM clock, board power and energy per call while cuDNN and flashgen each run back to back (GPU machine).
 
-    PYTHONPATH=. python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
+    python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
                                            [--variant NAME:KNOB=VALUE,...] [--json FILE]
 
 Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
@@ -18,6 +18,9 @@ import json
 import pathlib
 import sys
 import time
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import clocks
 from bench.cases import case_from, parse_shape

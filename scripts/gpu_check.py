@@ -2,7 +2,7 @@
 """One call on the GPU machine: GPU tests, the probe, the exported example, the pipeline trace, the benchmark;
 a table last.
 
-    PYTHONPATH=. python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
+    python3 scripts/gpu_check.py [--skip-tests] [--skip-bench] [--matrices default,coverage,varlen]
                                               [--trace 1,1024,64,128:f16] [--clocks 1,1024,64,128:f16]
                                               [--ncu 1,1024,64,128:f16]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host time per call: the wall time of N back-to-back calls on a tiny problem, divided by N (issue 18's method).
 
-    PYTHONPATH=. python3 scripts/host_time.py [--calls 2000] [--shape 1,128,8,128] [--dtype bf16]
+    python3 scripts/host_time.py [--calls 2000] [--shape 1,128,8,128] [--dtype bf16]
 
 On a tiny shape the GPU finishes each kernel long before the host issues the next, so the time per call is the
 host's: flashgen's attention() and a prepare()d call beside SDPA (its own backend choice, and inside
@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import sys
 import time
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import torch
 

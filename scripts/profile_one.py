@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Launch one flashgen kernel a few times, for a profiler to attach to (ncu, compute-sanitizer).
 
-    PYTHONPATH=. ncu --clock-control none --section SpeedOfLight -k regex:flashgen \\
+    ncu --clock-control none --section SpeedOfLight -k regex:flashgen \\
         python3 scripts/profile_one.py --shape 2,4096,16,256 [--dtype bf16] [--causal] [--knob block_n=80]
 
 Inputs are random; the result is checked against nothing (gpu tests do that). Knobs are prepare()'s tuning
-keywords, as in scripts/ab.py. Run from the repository root with PYTHONPATH=. (--shape is read by the
-benchmark's parse_shape, and bench/ is not installed).
+keywords, as in scripts/ab.py. It puts the checkout's root on sys.path itself (--shape is read by the
+benchmark's parse_shape, and bench/ is not installed), so it runs from any folder without PYTHONPATH=.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from codegen.api import prepare
 from bench.cases import parse_shape

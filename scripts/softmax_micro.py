@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The seed kernel's per-block softmax alone, in cycles per 176-key block per warp (GPU machine).
 
-    PYTHONPATH=. python3 scripts/softmax_micro.py
+    python3 scripts/softmax_micro.py
 
 One CTA per SM, 1 or 2 warps per SM sub-partition (as the kernel's two consumers put one warp each on every
 sub-partition), each running the softmax of a 64 x 176 block (88 values a thread, the kernel's fragment) 200
@@ -11,6 +11,12 @@ what was compiled. bench/LOG.md v18b reads the numbers: the exponentials are MUF
 (8 cycles per warp instruction, 704 cycles a block), the max is a ~280-cycle dependent chain before them.
 The kernel's code is in templates/fwd_sm90/softmax.j2 (softmax_block); this copy is only for timing.
 """
+import pathlib
+import sys
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
 import torch
 from codegen.nvrtc import compile_cuda
 from codegen.sass import disassemble, opcode_counts

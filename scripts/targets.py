@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Issue 4's speed targets over benchmark result files, run by run (no GPU needed).
 
-    PYTHONPATH=. python3 scripts/targets.py bench/results/nvidia-h200-20261130T162839Z.json ...
-    PYTHONPATH=. python3 scripts/targets.py RESULTS_DIR    (its timestamped files, not h200-latest.json)
+    python3 scripts/targets.py bench/results/nvidia-h200-20261130T162839Z.json ...
+    python3 scripts/targets.py RESULTS_DIR    (its timestamped files, not h200-latest.json)
 
 Each file is one run of `gen.py bench --matrix default`. Prints the seed shape and the five bf16 shapes per run,
 the median and range over the runs, whether each run meets each target, and a last line for summaries.
@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.report import render_text
 from bench.targets import load_runs, runs_table, verdict

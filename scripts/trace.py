@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a consumer's key-block step spends its cycles: run a traced build (KernelSpec.trace) and print them.
 
-    PYTHONPATH=. python3 scripts/trace.py --shape 1,1024,64,128 --dtype f16 [--knob block_n=128] [--json F]
+    python3 scripts/trace.py --shape 1,1024,64,128 --dtype f16 [--knob block_n=128] [--json F]
 
 For the traced CTAs' two consumers (their first warps), the median cycles of each phase of a steady-state step
 (from one 'packed' event to the next; codegen/trace.py), the tile's length, and the tensor pipe's own time per
@@ -12,9 +12,13 @@ kernel, to show what the instrumentation costs.
 
 from __future__ import annotations
 
+import pathlib
 import argparse
 import json
 import sys
+
+# The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from codegen import trace
 from codegen.api import prepare

@@ -5,19 +5,40 @@
 
 GPU tests are skipped, with the reason from codegen.cuda_env.driver_status() (or torch's), where
 there is no driver or device. Everything else runs on the CPU.
+
+The suite never writes into the user's kernel cache (~/.cache/flashgen, or $FLASHGEN_CACHE_DIR): compiled
+kernels go to $FLASHGEN_TEST_CACHE_DIR if set, else to pytest's own cache folder (.pytest_cache/d/, kept
+between runs so a second run is warm; `pytest --cache-clear` empties it), else to a temporary folder.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+_TEMP_CACHE: list[str] = []
+
+
+def _test_cache_dir(config) -> Path:
+    explicit = os.environ.get("FLASHGEN_TEST_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    if cache is not None:
+        return Path(cache.mkdir("flashgen-kernels"))
+    _TEMP_CACHE.append(tempfile.mkdtemp(prefix="flashgen-test-cache-"))
+    return Path(_TEMP_CACHE[-1])
 
 
 def pytest_configure(config):
+    # Before any test (or a subprocess a test starts) reads it: codegen.cache.default_cache_dir().
+    os.environ["FLASHGEN_CACHE_DIR"] = str(_test_cache_dir(config))
     config.addinivalue_line(
         "markers",
         "gpu(needs_torch=True): needs an NVIDIA driver and GPU (and torch with CUDA unless "
@@ -66,3 +87,8 @@ def pytest_collection_modifyitems(config, items):
             tok, twhy = torch_cuda_status()
             if not tok:
                 item.add_marker(pytest.mark.skip(reason=f"GPU test: {twhy}"))
+
+
+def pytest_unconfigure(config):
+    for path in _TEMP_CACHE:
+        shutil.rmtree(path, ignore_errors=True)

@@ -93,3 +93,17 @@ def test_the_protocol_waits_on_what_the_kernel_waits_on():
     assert waited("producer") == protocol_waits("producer")
     assert waited("mma_issuer", "issue_pv") == protocol_waits("mma")
     assert waited("softmax") == protocol_waits("softmax0")
+
+
+def test_the_cli_emits_and_compiles_the_blackwell_kernel_and_refuses_its_export(tmp_path, capsys):
+    import gen
+
+    for arch in ("sm_100a", "sm_103a"):
+        assert gen.main(["--shape", "1024,64,128", "--arch", arch, "--out", str(tmp_path)]) == 0
+        (cu,) = tmp_path.glob(f"*{arch}*.cu")
+        assert "NOT YET RUN ON A GPU" in cu.read_text() and "setmaxnreg" not in capsys.readouterr().out
+    assert gen.main(["--shape", "1024,64,128", "--arch", "sm_103a", "--out", str(tmp_path / "o"),
+                     "--export", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: export bundles are built for the sm_90a forward kernel so far") and "\n" not in err
+    assert not (tmp_path / "bundle").exists() and not (tmp_path / "o").exists()

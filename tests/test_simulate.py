@@ -37,3 +37,17 @@ def test_the_cli_ends_in_pass_or_fail(capsys):
 def test_key_lengths_off_the_8_key_groups_are_refused():
     with pytest.raises(SpecError, match="groups of 8"):
         simulate(KernelSpec(seq_len=300, heads=1, head_dim=64, arch="sm_100a"))
+
+
+def test_gen_py_simulate_is_a_subcommand():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ok = subprocess.run([sys.executable, "gen.py", "simulate", "--shape", "256,1,64", "--arch", "sm_100a"], cwd=root,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("PASS"), ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "gen.py", "simulate", "--shape", "256,1,64", "--inject-seed-bug"], cwd=root,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stdout.strip().endswith("FAIL"), bad.stdout + bad.stderr

@@ -3,9 +3,10 @@
 A family is the spec fields it uses, its plan (every number its kernel needs, layouts derived and verified),
 its ABI (codegen/abi.py: parameters, mbarriers, declared once in the plan), its templates
 (templates/<family>/, sharing templates/common/) and its tests. The forward sm_90a kernel is `fwd_sm90`; the
-basis-vector probe, a different kernel on the same layouts, is `probe_sm90`.
+basis-vector probe, a different kernel on the same layouts, is `probe_sm90`; Blackwell has `fwd_sm100` and
+`probe_sm100`.
 
-Adding a family (decode, backward, the sm_100a forward):
+Adding a family (decode, backward):
 
 1. `codegen/families/<name>/plan.py`: a `resolve(spec)` that fills the spec's defaults (from
    `codegen.policy` rows of its own, with their evidence) and a `Plan` with `spec`, `abi` (a

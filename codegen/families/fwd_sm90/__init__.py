@@ -4,6 +4,7 @@ softmax, optionally persistent over tiles (templates/fwd_sm90/, the plan in plan
 from __future__ import annotations
 
 from layouts import fragments
+from layouts.mma import SmemDescriptor
 
 from codegen import trace
 from codegen.abi import MBARRIER_BYTES
@@ -61,13 +62,30 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
     ]
 
 
+def describe_descriptors(values: list[int], kind: str = "wgmma") -> str:
+    """The decoded fields of a tile's k-slice descriptors, for the comment beside their constants."""
+    decoded = [SmemDescriptor.decode(kind, v) for v in values]
+
+    def rest(d: SmemDescriptor) -> str:
+        return f"LBO {d.lbo} B, SBO {d.sbo} B, swizzle {d.swizzle.name}, base offset {d.base_offset}"
+
+    if len({rest(d) for d in decoded}) == 1:
+        return f"k slices start at {', '.join(str(d.start_address) for d in decoded)} B; {rest(decoded[0])}"
+    return "; ".join(f"start {d.start_address} B, {rest(d)}" for d in decoded)
+
+
 def context(plan: Plan) -> dict:
     s = plan.spec
     tail_n = plan.tail_n
     _check_fragments(s.block_n, s.head_dim, tail_n)
     qk_widths = sorted({s.block_n, tail_n or s.block_n}, reverse=True)
     abi = plan.abi
+    import codegen
+    from codegen.cli import regenerate_command
+
     return {
+        "version": codegen.__version__,
+        "regenerate": regenerate_command(s),
         "summary": summary(plan),
         "tiles_summary": _tiles_summary(plan),
         "kernel_name": s.name,
@@ -106,6 +124,9 @@ def context(plan: Plan) -> dict:
         "q_desc": plan.q.descriptors(),
         "k_desc": plan.k.descriptors(),
         "v_desc": plan.v.descriptors(),
+        "q_desc_fields": describe_descriptors(plan.q.descriptors()),
+        "k_desc_fields": describe_descriptors(plan.k.descriptors()),
+        "v_desc_fields": describe_descriptors(plan.v.descriptors()),
         "k_trans": plan.k.mma_transpose,
         "v_trans": plan.v.mma_transpose,
         "desc_address_shift": plan.desc_address_shift,

@@ -39,6 +39,7 @@ if PRODUCER_REGS + 2 * CONSUMER_REGS > 3 * LAUNCH_REGS:
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 # The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
 SMEM_ALIGN_SLACK = 1024
+MIN_STAGES = 2  # KernelSpec offers 2..4 (one stage would load nothing under compute)
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
 
@@ -60,8 +61,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         spec = spec.replace(tile_overlap=policy.tile_overlap_by_default(spec))
     if not spec.stages:
         deepest = policy.max_stages(spec)
-        fitting = [n for n in range(2, deepest + 1) if _fits(Plan(spec.replace(stages=n)))]
-        spec = spec.replace(stages=max(fitting, default=2))  # if none fits, the shared-memory error says so
+        fitting = [n for n in range(MIN_STAGES, deepest + 1) if _fits(Plan(spec.replace(stages=n)))]
+        spec = spec.replace(stages=max(fitting, default=MIN_STAGES))  # if none fits, the shared-memory error says so
     return spec
 
 
@@ -173,8 +174,10 @@ class Plan:
         tile_slot_offset = bar_offset + barriers.bytes
         total = tile_slot_offset + (8 if s.persistent else 0) + SMEM_ALIGN_SLACK
         if total > SMEM_LIMIT:
+            advice = ("use a smaller block_n (it has the fewest stages, 2, already)" if s.stages <= MIN_STAGES
+                      else "use fewer stages or a smaller block_n")
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; "
-                            "use fewer stages or a smaller block_n")
+                            + advice)
         if s.persistent and (2 * self.o.smem_bytes > self.k.smem_bytes or self.o.smem_align > self.k.smem_align):
             raise SpecError(f"a persistent kernel stages both consumers' O tiles ({self.o.smem_bytes} bytes each) in "
                             f"a K slot of {self.k.smem_bytes} bytes; use block_n 128")
