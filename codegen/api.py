@@ -204,7 +204,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                          pv_split=pv_split, tuning=tuning, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    shape, varlen = call.shape, call.varlen
+    varlen = call.varlen
     built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
     plan = built.plan
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out

@@ -9,6 +9,19 @@ import sympy
 from layouts import mma as layouts_mma
 from layouts.derive import to_c
 
+from codegen.abi import Pack, Param
+
+# What a basis-vector probe kernel takes after its tensor maps, on every architecture: the given P, and where S
+# and O go as the MMAs left them.
+PROBE_PARAMS = (
+    Param("p_in", "const float* __restrict__", Pack.POINTER, "float (B, block_m, block_n): the P to multiply V by",
+          "p_in"),
+    Param("s_out", "float* __restrict__", Pack.POINTER, "float (B, block_m, block_n): S = Q K^T as the MMA left it",
+          "s_out"),
+    Param("o_out", "float* __restrict__", Pack.POINTER, "float (B, block_m, head_dim): O = P V as the MMA left it",
+          "o_out"),
+)
+
 
 def tma_origin_c(operand, names: tuple[str, str, str], seq_len: int) -> str:
     """The tensor-map coordinates of the operand's tile as C arguments over `names`: the C names of (first

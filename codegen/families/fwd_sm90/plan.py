@@ -17,7 +17,7 @@ from layouts import fragments
 
 from codegen import policy
 from codegen.abi import GridError, KernelABI
-from codegen.spec import MMA_K, PERSISTENT_MAX_HEAD_DIM, ROWS_PER_CONSUMER, KernelSpec, SpecError
+from codegen.spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
 from ..common import descriptor_address_shift, tma_origin_c
 from .abi import kernel_abi

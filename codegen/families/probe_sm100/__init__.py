@@ -10,35 +10,25 @@ It has not run on a GPU here (no Blackwell is lent); CI compiles it for both arc
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import cached_property
 
-import layouts
 from layouts import tcgen05
 
 from codegen import policy
-from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI, Pack, Param
+from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI
 from codegen.spec import MMA_K, KernelSpec, SpecError
 
-from .. import Family
-from ..common import descriptor_address_shift, tma_origin_c
+from .. import Family, fwd_sm100
+from ..common import PROBE_PARAMS, descriptor_address_shift
 from ..fwd_sm90.abi import ALL_PARAMS as FWD_PARAMS
 
 BLACKWELL_ARCHS = ("sm_100a", "sm_103a")
 TILE_M = 128  # one tcgen05.mma M = 128 tile per CTA (cta_group::1), rows = TMEM lanes
 THREADS = 128  # four warps, one per TMEM lane quarter
 TMEM_CHUNK = 32  # columns per tcgen05.ld/st (.32x32b.x32)
-SMEM_ALIGN_SLACK = 1024
 
-_PARAMS = tuple(p for p in FWD_PARAMS if p.name.startswith("tmap_")) + (
-    Param("p_in", "const float* __restrict__", Pack.POINTER, "float (B, 128, block_n): the P to multiply V by",
-          "p_in"),
-    Param("s_out", "float* __restrict__", Pack.POINTER, "float (B, 128, block_n): S = Q K^T as TMEM holds it",
-          "s_out"),
-    Param("o_out", "float* __restrict__", Pack.POINTER, "float (B, 128, head_dim): O = P V as TMEM holds it",
-          "o_out"),
-)
+_PARAMS = tuple(p for p in FWD_PARAMS if p.name.startswith("tmap_")) + PROBE_PARAMS
 
 
 def resolve(spec: KernelSpec) -> KernelSpec:
@@ -52,36 +42,10 @@ def resolve(spec: KernelSpec) -> KernelSpec:
                         causal=False, window=(-1, -1), softcap=0.0, varlen=False, trace=False)
 
 
-@functools.lru_cache(maxsize=64)
-def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
-    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
-
-
 @dataclass(frozen=True)
-class SmemMap:
-    q_offset: int
-    k_offset: int
-    v_offset: int
-    bar_offset: int
-    slot_offset: int  # where tcgen05.alloc writes the TMEM address
-    total: int
-
-
-@dataclass(frozen=True)
-class ProbePlan:
-    spec: KernelSpec
-
-    @cached_property
-    def q(self):
-        return _derive("q", self.spec.arch, self.spec.head_dim, TILE_M, self.spec.dtype)
-
-    @cached_property
-    def k(self):
-        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
-
-    @cached_property
-    def v(self):
-        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+class ProbePlan(fwd_sm100.Plan):
+    """The forward kernel's derivations and shared-memory map (one K/V slot used), with the probe's own
+    parameters, barriers, threads and a single S buffer in TMEM."""
 
     threads = THREADS
 
@@ -97,22 +61,6 @@ class ProbePlan:
         return tcgen05.tmem_plan(self.spec.block_n, self.spec.head_dim, self.spec.dtype, buffers=1)
 
     @cached_property
-    def smem(self) -> SmemMap:
-        offset, placed = 0, {}
-        for name, op in (("q", self.q), ("k", self.k), ("v", self.v)):
-            offset = -(-offset // op.smem_align) * op.smem_align
-            placed[name] = offset
-            offset += op.smem_bytes
-        bar_offset = -(-offset // MBARRIER_BYTES) * MBARRIER_BYTES
-        slot_offset = bar_offset + self.abi.barriers.bytes
-        return SmemMap(placed["q"], placed["k"], placed["v"], bar_offset, slot_offset,
-                       slot_offset + 4 + SMEM_ALIGN_SLACK)
-
-    @property
-    def smem_align(self) -> int:
-        return max(op.smem_align for op in (self.q, self.k, self.v))
-
-    @cached_property
     def qk_idesc(self) -> tcgen05.InstrDescriptor:
         return tcgen05.InstrDescriptor(m=TILE_M, n=self.spec.block_n, ab_type=self.spec.dtype,
                                        a_major=self.q.mma_major, b_major=self.k.mma_major)
@@ -122,9 +70,6 @@ class ProbePlan:
         # A = P from TMEM, K-major by definition; B = V as derived (MN-major, the seed's layout).
         return tcgen05.InstrDescriptor(m=TILE_M, n=self.spec.head_dim, ab_type=self.spec.dtype, a_major="K",
                                        b_major=self.v.mma_major)
-
-    def origin_c(self, operand, names: tuple[str, str, str]) -> str:
-        return tma_origin_c(operand, names, self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len)
 
     def grid(self, batch: int, max_seqlen_q=None, sms: int = 0) -> tuple[int, int, int]:
         return self.abi.grid.dims(tiles_m=1, batch=batch)

@@ -8,20 +8,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from codegen import policy
-from codegen.abi import Barrier, BarrierMap, Grid, KernelABI, Pack, Param
+from codegen.abi import Barrier, BarrierMap, Grid, KernelABI
 
 from .. import Family
 from .. import fwd_sm90
+from ..common import PROBE_PARAMS
 from ..fwd_sm90.plan import Plan, resolve as fwd_resolve
 
-_PARAMS = tuple(p for p in fwd_sm90.fwd_abi.ALL_PARAMS if p.name.startswith("tmap_")) + (
-    Param("p_in", "const float* __restrict__", Pack.POINTER, "float (B, block_m, block_n): the P to multiply V by",
-          "p_in"),
-    Param("s_out", "float* __restrict__", Pack.POINTER, "float (B, block_m, block_n): S = Q K^T as the MMA left it",
-          "s_out"),
-    Param("o_out", "float* __restrict__", Pack.POINTER, "float (B, block_m, head_dim): O = P V as the MMA left it",
-          "o_out"),
-)
+_PARAMS = tuple(p for p in fwd_sm90.fwd_abi.ALL_PARAMS if p.name.startswith("tmap_")) + PROBE_PARAMS
 
 
 @dataclass(frozen=True)
