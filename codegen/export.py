@@ -18,7 +18,6 @@ from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
 
 from .build import BuiltKernel, build
 from .files import OutputError, check_writable, write_all
-from .families import fwd_sm90
 from .families.fwd_sm90 import abi as fwd_abi
 from .render import environment
 from .spec import KernelSpec, SpecError
@@ -68,22 +67,34 @@ def check_destination(directory: pathlib.Path, kernel_name: str, *, force: bool 
                           "name a new or empty folder, or pass --force to write over it")
 
 
+EXPORTABLE = ("fwd_sm90", "fwd_sm100")
+
+
+def gencode(arch: str) -> str:
+    """nvcc's -gencode value for an architecture-specific target: sm_103a -> arch=compute_103a,code=sm_103a."""
+    return f"arch=compute_{arch[3:]},code={arch}"
+
+
 def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
     """The bundle of a built kernel, file name -> content (nothing is written)."""
-    if built.family.name != "fwd_sm90":
-        raise SpecError(f"export bundles are built for the sm_90a forward kernel so far; the {built.family.name} "
-                        "bundle (a launcher for its ABI, nvcc for compute_100a/compute_103a) is not written yet")
+    if built.family.name not in EXPORTABLE:
+        raise SpecError(f"export bundles are built for the forward kernels ({', '.join(EXPORTABLE)}), not "
+                        f"{built.family.name}")
     plan, name = built.plan, built.rendered.kernel_name
+    spec = plan.spec
     operands = []
-    for op in ("q", "k", "v", "o"):
+    for op in (op for op in ("q", "k", "v", "o") if hasattr(plan, op)):  # the operands the kernel maps
         described = getattr(plan, op).tensor_map.describe()
         kv = op in ("k", "v")
         operands.append({"name": op, "rank": described["rank"], "describe": described,
+                         "key_groups": getattr(plan, op).tensor_map.kind == "key_group_atoms",
                          "swizzle_enum": TMA_SWIZZLE_NAMES[getattr(plan, op).tensor_map.swizzle.span_bytes],
                          "seq": plan.spec.keys if kv else plan.spec.seq_len,
                          "heads": plan.spec.kv_heads if kv else plan.spec.heads})
     context = {
-        "summary": fwd_sm90.summary(plan),
+        "summary": built.family.context(plan)["summary"],
+        "arch": spec.arch,
+        "gencode": gencode(spec.arch),
         "abi": plan.abi,
         "log2e": repr(fwd_abi.LOG2E),
         "kernel_name": name,
@@ -94,8 +105,8 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
         "heads": plan.spec.heads,
         "head_dim": plan.spec.head_dim,
         "causal": plan.spec.causal,
-        "window_left": plan.window_bounds[0],
-        "window_right": plan.window_bounds[1],
+        "window_left": spec.window[0],
+        "window_right": 0 if spec.causal else spec.window[1],
         "softcap_c": f"{float(plan.spec.softcap)!r}f",
         "dtype": plan.spec.dtype,
         "dtype_c": DTYPES[plan.spec.dtype].c,
@@ -128,6 +139,6 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
 def nvcc_command(bundle: Bundle, nvcc: str = "nvcc", output: str = "example") -> list[str]:
     """The one-line build of the example (the same flags as the bundle's CMakeLists.txt)."""
     name = bundle.built.rendered.kernel_name
-    return [nvcc, "-O2", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-I", str(bundle.directory),
+    return [nvcc, "-O2", "-std=c++17", "-gencode", gencode(bundle.built.spec.arch), "-I", str(bundle.directory),
             str(bundle.directory / "example.cu"), str(bundle.directory / f"{name}_launch.cu"),
             "-o", str(bundle.directory / output)]

@@ -140,9 +140,28 @@ def test_varlen_launcher_passes_the_offsets_and_sizes_tiles_by_the_longest(tmp_p
     assert "varlen" in (tmp_path / "example.cu").read_text().splitlines()[0]
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN, ids=lambda s: s.name)
+# Blackwell bundles (the fwd_sm100 ABI: O stored without a tensor map, V by the 5-D key-group map), for nvcc's
+# compute_100a and compute_103a targets.
+BLACKWELL = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a", causal=True, kv_heads=2)),
+             resolve(KernelSpec(seq_len=1000, heads=4, head_dim=64, arch="sm_100a", dtype="bf16"))]
+
+
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + BLACKWELL, ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"nvcc failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "example").stat().st_size > 0
+
+
+@pytest.mark.parametrize("spec", BLACKWELL, ids=lambda s: s.name)
+def test_blackwell_launcher_follows_its_abi(spec, tmp_path):
+    bundle = export_bundle(spec, tmp_path)
+    plan = bundle.built.plan
+    launcher = (tmp_path / f"{spec.name}_launch.cu").read_text()
+    assert "TmaDesc maps[3];" in launcher and "encode_o" not in launcher  # O is stored without a tensor map
+    assert ", ".join(p.launcher for p in plan.abi.params) + ");" in launcher
+    assert "st_b.batch != S * st_b.seq" in launcher  # the key-group V map needs back-to-back batch entries
+    arch = spec.arch[3:]
+    assert f"arch=compute_{arch},code=sm_{arch}" in (tmp_path / "CMakeLists.txt").read_text()
+    assert f"<<<dim3(tiles_m, {spec.heads}, batch), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher

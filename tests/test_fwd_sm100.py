@@ -95,15 +95,12 @@ def test_the_protocol_waits_on_what_the_kernel_waits_on():
     assert waited("softmax") == protocol_waits("softmax0")
 
 
-def test_the_cli_emits_and_compiles_the_blackwell_kernel_and_refuses_its_export(tmp_path, capsys):
+def test_the_cli_emits_compiles_and_exports_the_blackwell_kernel(tmp_path, capsys):
     import gen
 
     for arch in ("sm_100a", "sm_103a"):
-        assert gen.main(["--shape", "1024,64,128", "--arch", arch, "--out", str(tmp_path)]) == 0
-        (cu,) = tmp_path.glob(f"*{arch}*.cu")
+        out, bundle = tmp_path / arch, tmp_path / f"{arch}-bundle"
+        assert gen.main(["--shape", "1024,64,128", "--arch", arch, "--out", str(out), "--export", str(bundle)]) == 0
+        (cu,) = out.glob("*.cu")
         assert "NOT YET RUN ON A GPU" in cu.read_text() and "setmaxnreg" not in capsys.readouterr().out
-    assert gen.main(["--shape", "1024,64,128", "--arch", "sm_103a", "--out", str(tmp_path / "o"),
-                     "--export", str(tmp_path / "bundle")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: export bundles are built for the sm_90a forward kernel so far") and "\n" not in err
-    assert not (tmp_path / "bundle").exists() and not (tmp_path / "o").exists()
+        assert (bundle / "example.cu").exists() and (bundle / f"{cu.stem}_launch.cu").exists()

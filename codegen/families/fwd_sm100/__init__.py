@@ -44,7 +44,8 @@ O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
 _PARAMS = (
     tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP, f"CUtensorMap of {op} (layouts/ derives it)", f"maps[{i}]")
           for i, op in enumerate("qkv"))
-    + (Param("o_gmem", "unsigned char* __restrict__", Pack.POINTER, "o's base address (B, S, H, D)", "o"),
+    + (Param("o_gmem", "unsigned char* __restrict__", Pack.POINTER, "o's base address (B, S, H, D)",
+             "static_cast<unsigned char*>(o)"),
        Param("o_batch_bytes", "long long", Pack.I64, "o's batch stride in bytes", "o_batch_bytes"),
        Param("o_row_bytes", "long long", Pack.I64, "o's sequence stride in bytes", "o_row_bytes"),
        Param("o_head_bytes", "long long", Pack.I64, "o's head stride in bytes", "o_head_bytes"),
