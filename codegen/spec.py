@@ -26,6 +26,9 @@ MAX_ACCUMULATOR_REGISTERS = 208
 # One consumer warpgroup owns 64 query rows (the M of one wgmma); the kernel runs two of them.
 ROWS_PER_CONSUMER = 64
 MMA_K = 16
+# The deepest K/V ring each architecture's kernels are written and checked for (the Blackwell protocol check
+# runs up to 6 stages, the seed's depth; the Hopper ring logic is tested from 2 to 4).
+MAX_STAGES_BY_ARCH = {"sm_90a": 4, "sm_100a": 6, "sm_103a": 6}
 PERSISTENT_MAX_HEAD_DIM = 128
 
 
@@ -90,7 +93,9 @@ class KernelSpec:
                      f"the {MAX_ACCUMULATOR_REGISTERS} that fit without spilling; use a smaller block_n")
         # One stage is not offered: every load would wait for the MMA that frees its only slot, so nothing would
         # load under compute (and the kernel's ring logic is only tested from 2 up).
-        _require(self.stages in (0, 2, 3, 4), f"stages must be 2..4 (0 for the default), got {self.stages}")
+        deepest = MAX_STAGES_BY_ARCH.get(self.arch, 4)
+        _require(self.stages == 0 or 2 <= self.stages <= deepest,
+                 f"stages must be 2..{deepest} on {self.arch} (0 for the default), got {self.stages}")
         _require(isinstance(self.seq_len_k, int) and 0 <= self.seq_len_k < 2**31,
                  f"seq_len_k must be a non-negative integer below 2**31 (0: same as seq_len), got {self.seq_len_k!r}")
         _require(isinstance(self.kv_heads, int) and self.kv_heads >= 0,

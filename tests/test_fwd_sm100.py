@@ -49,10 +49,11 @@ def test_unsupported_options_are_refused(options, message):
         families.resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a", **options))
 
 
-@pytest.mark.parametrize("stages", (2, 3, 4))
+@pytest.mark.parametrize("stages", (2, 3, 4, 5, 6))
 def test_the_barrier_protocol_cannot_deadlock_alias_or_overrun(stages):
-    for n_kv in range(0, 3 * stages + 1):
-        protocol.check(stages, n_kv, schedules=60, seed=n_kv)
+    for chunks in (1, 2):
+        for n_kv in range(0, 3 * stages + 1):
+            protocol.check(stages, n_kv, chunks=chunks, schedules=40, seed=n_kv)
 
 
 @pytest.mark.parametrize("drop, message", [
@@ -60,7 +61,7 @@ def test_the_barrier_protocol_cannot_deadlock_alias_or_overrun(stages):
     (("mma", "KFull"), "QK .* ran before K block .* was loaded"),
     (("mma", "VFull"), "PV .* ran before V block .* was loaded"),
     (("softmax0", "PvDone"), "rescaled|O read|older phase"),
-    (("mma", "PFull"), "before every softmax warp wrote it"),
+    (("mma", "PFull"), "of P before every softmax warp wrote it"),
 ])
 def test_a_missing_wait_is_caught(monkeypatch, drop, message):
     """(The MMA thread's PvDone wait before reusing an S buffer is kept although the model cannot miss it: it
@@ -68,8 +69,8 @@ def test_a_missing_wait_is_caught(monkeypatch, drop, message):
     role, barrier = drop
     real = protocol.programs
 
-    def without(stages, n_kv):
-        progs = real(stages, n_kv)
+    def without(stages, n_kv, chunks=2):
+        progs = real(stages, n_kv, chunks)
         progs[role] = [s for s in progs[role] if not (s.kind == "wait" and s.barrier.startswith(barrier))]
         return progs
 
@@ -85,7 +86,8 @@ def test_the_protocol_waits_on_what_the_kernel_waits_on():
     functions = dict(re.findall(r"static __device__ __forceinline__ void (\w+)\((.*?)\n}\n", source, flags=re.S))
 
     def waited(*names):
-        return {m for n in names for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+?)(?:0)?\s*[+)]", functions[n])}
+        found = (m for n in names for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+?)\s*[+)]", functions[n]))
+        return {re.sub(r"\d+$", "", m) for m in found}  # SFull0 + b, PFull00 + ...: the barrier's family
 
     def protocol_waits(role):
         return {s.barrier.split("[")[0] for s in protocol.programs(3, 7)[role] if s.kind == "wait"}

@@ -8,8 +8,9 @@ O in TMEM only when the row max grew, writing P over S and, at the end, normaliz
 The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/test_fwd_sm100.py).
 
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
-same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. Not yet: persistence, the PV
-split, double-buffered S loads, windows, softcap, varlen; `resolve` refuses them with the reason.
+same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
+each chunk once its part of P is written. Not yet: persistence, double-buffered S loads, windows, softcap,
+varlen; `resolve` refuses them with the reason.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ SOFTMAX_WARP0 = 2
 THREADS = 32 * WARPS
 SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
-MAX_STAGES = 4  # KernelSpec allows 2..4 (the seed ran 6: widening the spec is for the next step)
+MAX_STAGES = 6  # the seed's ring depth, where shared memory allows (codegen.spec.MAX_STAGES_BY_ARCH)
 TMEM_CHUNK = 32
 O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
 
@@ -67,7 +68,11 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     block_n = spec.block_n or policy.DEFAULT_BLOCK_N[spec.head_dim]
     if block_n % TMEM_CHUNK:
         raise SpecError(f"block_n {block_n}: S is read from TMEM in {TMEM_CHUNK}-column chunks")
-    spec = spec.replace(block_n=block_n, pv_split=(block_n,), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
+    split = spec.pv_split or policy.default_pv_split(block_n)
+    if sum(split) != block_n or any(c % TMEM_CHUNK for c in split):
+        raise SpecError(f"pv_split {split}: the chunks must add up to block_n {block_n} and be multiples of "
+                        f"{TMEM_CHUNK} keys (the softmax writes P {TMEM_CHUNK} keys at a time)")
+    spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
                         persistent=False, tile_overlap=None)
     if not spec.stages:
         fitting = [n for n in range(2, MAX_STAGES + 1) if Plan(spec.replace(stages=n)).smem_total <= SMEM_LIMIT]
@@ -122,8 +127,8 @@ class Plan:
             Barrier("VEmpty", st, 1, "the PV that read a V slot is done (tcgen05.commit)"),
             Barrier("SFull0", 1, 1, "S buffer 0 holds QK (tcgen05.commit)"),
             Barrier("SFull1", 1, 1, "S buffer 1 holds QK (tcgen05.commit)"),
-            Barrier("PFull0", 1, 4, "every softmax warp wrote P over S buffer 0"),
-            Barrier("PFull1", 1, 4, "every softmax warp wrote P over S buffer 1"),
+            *(Barrier(f"PFull{b}{c}", 1, 4, f"every softmax warp wrote PV chunk {c} of P over S buffer {b}")
+              for b in range(2) for c in range(len(self.spec.pv_split))),
             Barrier("PvDone", 1, 1, "the last PV issued is done (tcgen05.commit)"),
         )
         return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=False, heads=self.spec.heads))
@@ -183,6 +188,9 @@ def context(plan: Plan) -> dict:
         "qk_idesc": qk, "pv_idesc": pv,
         "tmem_alloc": tm.alloc_columns, "s_columns": (s0.first_column, s1.first_column), "o_column": o.first_column,
         "packed_per_slice": MMA_K * s.elem_bytes // 4,
+        # PV in the split's chunks, [first, end) in 16-key slices: each waits for its part of P only, so the
+        # MMA starts on the first chunk while the softmax still converts the rest.
+        "pv_chunks": [(sum(s.pv_split[:c]) // MMA_K, sum(s.pv_split[:c + 1]) // MMA_K) for c in range(len(s.pv_split))],
         "tmem_chunk": TMEM_CHUNK,
         "o_vector_elems": O_VECTOR_BYTES // s.elem_bytes,
         "elem_bytes": s.elem_bytes,

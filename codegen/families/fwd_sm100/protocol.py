@@ -45,7 +45,8 @@ def use(what):
     return Step("use", use=what)
 
 
-def programs(stages: int, n_kv: int) -> dict[str, list[Step]]:
+def programs(stages: int, n_kv: int, chunks: int = 2) -> dict[str, list[Step]]:
+    """The roles' steps for a tile of n_kv key blocks, a `stages`-slot ring and PV in `chunks` chunks."""
     prod = [arrive("QFull")]
     for j in range(n_kv):
         s = j % stages
@@ -58,8 +59,10 @@ def programs(stages: int, n_kv: int) -> dict[str, list[Step]]:
 
     def pv(i):
         b, s = i % 2, i % stages
-        return [wait(f"PFull[{b}]", i // 2), wait(f"VFull[{s}]", i // stages), use(f"PV {i} reads P{b} V{s}"),
-                use(f"PV {i} writes O"), arrive("PvDone"), arrive(f"VEmpty[{s}]")]
+        steps = [wait(f"VFull[{s}]", i // stages)]
+        for c in range(chunks):
+            steps += [wait(f"PFull[{b}{c}]", i // 2), use(f"PV {i} reads P{b} chunk {c} V{s}")]
+        return steps + [use(f"PV {i} writes O"), arrive("PvDone"), arrive(f"VEmpty[{s}]")]
 
     mma = [wait("QFull", 0)]
     for j in range(n_kv):
@@ -81,7 +84,8 @@ def programs(stages: int, n_kv: int) -> dict[str, list[Step]]:
             steps += [wait(f"SFull[{b}]", j // 2), use(f"softmax {j} reads S{b}")]
             if j > 0:
                 steps += [wait("PvDone", j - 1), use(f"softmax {j} rescales O")]
-            steps += [use(f"softmax {j} writes P{b}"), arrive(f"PFull[{b}]")]
+            for c in range(chunks):
+                steps += [use(f"softmax {j} writes P{b} chunk {c}"), arrive(f"PFull[{b}{c}]")]
         if n_kv:
             steps.append(wait("PvDone", n_kv - 1))
         steps.append(use("softmax reads O"))
@@ -140,11 +144,13 @@ def _apply_use(state: _State, what: str) -> None:
             raise ProtocolError(f"QK {j} overwrote S buffer {j % 2} before PV {j - 2} read P there")
         state.qk_done.add(j)
     elif words[0] == "PV" and words[2] == "reads":
-        i = int(words[1])
+        i, c = int(words[1]), int(words[5])
         if state.v_block.get(f"V{i % state.stages}") != i:
             raise ProtocolError(f"PV {i} ran before V block {i} was loaded")
-        if state.p_written.get(i, 0) != SOFTMAX_WARPS:
-            raise ProtocolError(f"PV {i} read P before every softmax warp wrote it")
+        if state.p_written.get((i, c), 0) != SOFTMAX_WARPS:
+            raise ProtocolError(f"PV {i} read chunk {c} of P before every softmax warp wrote it")
+    elif words[0] == "PV" and words[2] == "writes":
+        i = int(words[1])
         state.pv_issued.add(i)
         state.pv_done.add(i)  # the MMA completes before its commit arrives (modelled as immediate)
     elif words[0] == "softmax":
@@ -158,19 +164,20 @@ def _apply_use(state: _State, what: str) -> None:
         if action == "rescales" and (j - 1) not in state.pv_done:
             raise ProtocolError(f"O rescaled for block {j} while PV {j - 1} may write it")
         if action == "writes":
-            state.p_written[j] = state.p_written.get(j, 0) + 1
+            key = (j, int(words[5]))
+            state.p_written[key] = state.p_written.get(key, 0) + 1
 
 
-def check(stages: int, n_kv: int, *, schedules: int = 200, seed: int = 0) -> None:
+def check(stages: int, n_kv: int, *, chunks: int = 2, schedules: int = 200, seed: int = 0) -> None:
     """Run every role of a tile with n_kv key blocks under `schedules` random interleavings, the one that always
     runs the first runnable role, and one per role that runs it only when nothing else can (the slowest that
     role can be); raise ProtocolError on a deadlock, an aliased wait or an overrun."""
     rng = random.Random(seed)
-    roles = list(programs(stages, n_kv))
+    roles = list(programs(stages, n_kv, chunks))
     # Schedules: the first runnable role always; each role starved (run only when nothing else can); random.
     strategies = ["first"] + [("starve", r) for r in roles] + ["random"] * schedules
     for strategy in strategies:
-        progs = programs(stages, n_kv)
+        progs = programs(stages, n_kv, chunks)
         pc = {role: 0 for role in progs}
         state = _State(stages)
         while True:
