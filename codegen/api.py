@@ -228,7 +228,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         ob, os_, oh = _strides_bshd(o, layout)
         values.update(o_gmem=o.data_ptr(), o_batch_bytes=ob * e, o_row_bytes=os_ * e, o_head_bytes=oh * e)
     counter = None
-    if call.spec.persistent:
+    if "tile_counter" in plan.abi.names:
         # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
         # so two prepared calls may run at once on different streams (one call must not overlap itself).
         counter = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -308,8 +308,11 @@ def _map_params(call: ResolvedCall, plan, q, k, v, o) -> dict:
 def _fixed_arguments(call: ResolvedCall, plan) -> dict:
     """The kernel arguments that depend on the call's shape only: the scale, and the persistent tile grid."""
     values = {"scale_log2": float(call.scale * LOG2E)}
-    if call.spec.persistent:
-        values.update(tiles_m=plan.tiles_m(call.shape.max_seq_q if call.varlen else None), batches=call.shape.batch)
+    names = plan.abi.names
+    if "tiles_m" in names:
+        values["tiles_m"] = plan.tiles_m(call.shape.max_seq_q if call.varlen else None)
+    if "batches" in names:
+        values["batches"] = call.shape.batch
     return values
 
 

@@ -112,7 +112,7 @@ class KernelSpec:
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
         # The tile loop's few extra live values spill at D=256, where O alone is 128 registers per thread.
-        _require(not (self.persistent is True and self.head_dim > PERSISTENT_MAX_HEAD_DIM),
+        _require(not (self.persistent is True and self.head_dim > PERSISTENT_MAX_HEAD_DIM and self.arch == "sm_90a"),
                  f"persistent kernels go up to head_dim {PERSISTENT_MAX_HEAD_DIM} (at {self.head_dim} the tile loop "
                  "spills registers)")
         _require(isinstance(self.softcap, (int, float)) and math.isfinite(self.softcap) and self.softcap >= 0,

@@ -164,4 +164,4 @@ def test_blackwell_launcher_follows_its_abi(spec, tmp_path):
     assert "st_b.batch != S * st_b.seq" in launcher  # the key-group V map needs back-to-back batch entries
     arch = spec.arch[3:]
     assert f"arch=compute_{arch},code=sm_{arch}" in (tmp_path / "CMakeLists.txt").read_text()
-    assert f"<<<dim3(tiles_m, {spec.heads}, batch), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher
+    assert f"<<<dim3(ctas), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher  # persistent

@@ -54,14 +54,18 @@ def test_the_barrier_protocol_cannot_deadlock_alias_or_overrun(stages):
     for chunks in (1, 2):
         for n_kv in range(0, 3 * stages + 1):
             protocol.check(stages, n_kv, chunks=chunks, schedules=40, seed=n_kv)
+        # A persistent CTA's tiles, some without keys (a causal tile above the diagonal), across the ring.
+        for tiles in ([1, 0, 3], [0, 0, 2, 0], [stages, 1, 2 * stages + 1], [3, 3, 3, 3]):
+            protocol.check(stages, tiles, chunks=chunks, schedules=20, seed=len(tiles))
 
 
 @pytest.mark.parametrize("drop, message", [
     (("producer", "KEmpty"), "K slot .* loaded with block .* before QK"),
     (("mma", "KFull"), "QK .* ran before K block .* was loaded"),
     (("mma", "VFull"), "PV .* ran before V block .* was loaded"),
-    (("softmax0", "PvDone"), "rescaled|O read|older phase"),
+    (("softmax0", "PvDone"), "rescaled|O of tile .* read before|older phase"),
     (("mma", "PFull"), "of P before every softmax warp wrote it"),
+    (("producer", "QEmpty"), "Q of tile .* loaded before the QKs of tile"),
 ])
 def test_a_missing_wait_is_caught(monkeypatch, drop, message):
     """(The MMA thread's PvDone wait before reusing an S buffer is kept although the model cannot miss it: it
@@ -76,8 +80,9 @@ def test_a_missing_wait_is_caught(monkeypatch, drop, message):
 
     monkeypatch.setattr(protocol, "programs", without)
     with pytest.raises(protocol.ProtocolError, match=message):
-        for n_kv in range(1, 9):
-            protocol.check(2, n_kv, schedules=100, seed=1)
+        for tiles in ([n] for n in range(1, 9)):
+            protocol.check(2, tiles, schedules=100, seed=1)
+        protocol.check(2, [2, 3, 1], schedules=100, seed=1)
 
 
 def test_the_protocol_waits_on_what_the_kernel_waits_on():
@@ -89,12 +94,12 @@ def test_the_protocol_waits_on_what_the_kernel_waits_on():
         found = (m for n in names for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+?)\s*[+)]", functions[n]))
         return {re.sub(r"\d+$", "", m) for m in found}  # SFull0 + b, PFull00 + ...: the barrier's family
 
-    def protocol_waits(role):
-        return {s.barrier.split("[")[0] for s in protocol.programs(3, 7)[role] if s.kind == "wait"}
+    def protocol_waits(role):  # over a few tiles, one without keys, so every wait of every role occurs
+        return {s.barrier.split("[")[0] for s in protocol.programs(3, [2, 0, 5])[role] if s.kind == "wait"}
 
     assert waited("producer") == protocol_waits("producer")
     assert waited("mma_issuer", "issue_pv") == protocol_waits("mma")
-    assert waited("softmax") == protocol_waits("softmax0")
+    assert waited("softmax_tile", "softmax") == protocol_waits("softmax0")
 
 
 def test_the_cli_emits_compiles_and_exports_the_blackwell_kernel(tmp_path, capsys):

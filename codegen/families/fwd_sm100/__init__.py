@@ -1,6 +1,6 @@
 """The forward attention kernel for Blackwell (sm_100a, sm_103a): the seed's structure, first version.
 
-One CTA per 128-row query tile (no 2-CTA cluster). Warp 0 issues TMA loads of Q and of K/V into a ring; warp 1
+Persistent CTAs (one per SM, no 2-CTA cluster) walk the 128-row query tiles round robin. Warp 0 issues TMA loads of Q and of K/V into a ring; warp 1
 allocates tensor memory and one of its threads issues every tcgen05.mma: S = Q K^T (SS) into one of two TMEM S
 buffers, then O += P V (TS: A = P from TMEM over that S, B = V MN-major by the seed's 5-D map); warps 2-5 are the
 softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter, rescaling
@@ -9,8 +9,8 @@ The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/tes
 
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
 same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
-each chunk once its part of P is written. Not yet: persistence, double-buffered S loads, windows, softcap,
-varlen; `resolve` refuses them with the reason.
+each chunk once its part of P is written. Not yet: a dynamic tile scheduler, double-buffered S loads,
+windows, softcap, varlen; `resolve` refuses them with the reason.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ _PARAMS = (
        Param("o_row_bytes", "long long", Pack.I64, "o's sequence stride in bytes", "o_row_bytes"),
        Param("o_head_bytes", "long long", Pack.I64, "o's head stride in bytes", "o_head_bytes"),
        Param("lse_out", "float* __restrict__", Pack.POINTER, "float (B, H, S) logsumexp; null: not written", "lse"),
+       Param("batches", "int", Pack.I32, "batch entries (the CTAs walk ceil(S / 128) x heads x batches tiles)",
+             "batch"),
        Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2")))
 
 
@@ -58,7 +60,7 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in ARCHS:
         raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
     unsupported = [name for name, on in (("window", spec.window != (-1, -1)), ("softcap", bool(spec.softcap)),
-                                         ("varlen", spec.varlen), ("persistent", spec.persistent is True),
+                                         ("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
                                          ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
@@ -73,7 +75,7 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         raise SpecError(f"pv_split {split}: the chunks must add up to block_n {block_n} and be multiples of "
                         f"{TMEM_CHUNK} keys (the softmax writes P {TMEM_CHUNK} keys at a time)")
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
-                        persistent=False, tile_overlap=None)
+                        persistent=True, tile_overlap=None)
     if not spec.stages:
         fitting = [n for n in range(2, MAX_STAGES + 1) if Plan(spec.replace(stages=n)).smem_total <= SMEM_LIMIT]
         spec = spec.replace(stages=max(fitting, default=2))
@@ -130,8 +132,9 @@ class Plan:
             *(Barrier(f"PFull{b}{c}", 1, 4, f"every softmax warp wrote PV chunk {c} of P over S buffer {b}")
               for b in range(2) for c in range(len(self.spec.pv_split))),
             Barrier("PvDone", 1, 1, "the last PV issued is done (tcgen05.commit)"),
+            Barrier("QEmpty", 1, 1, "the tile's last QK has read Q (tcgen05.commit)"),
         )
-        return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=False, heads=self.spec.heads))
+        return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=True, heads=self.spec.heads))
 
     @property
     def m_blocks(self) -> int:

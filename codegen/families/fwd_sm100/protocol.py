@@ -45,50 +45,65 @@ def use(what):
     return Step("use", use=what)
 
 
-def programs(stages: int, n_kv: int, chunks: int = 2) -> dict[str, list[Step]]:
-    """The roles' steps for a tile of n_kv key blocks, a `stages`-slot ring and PV in `chunks` chunks."""
-    prod = [arrive("QFull")]
-    for j in range(n_kv):
-        s = j % stages
-        if j >= stages:
-            prod.append(wait(f"KEmpty[{s}]", j // stages - 1))
-        prod += [use(f"write K{s} {j}"), arrive(f"KFull[{s}]")]
-        if j >= stages:
-            prod.append(wait(f"VEmpty[{s}]", j // stages - 1))
-        prod += [use(f"write V{s} {j}"), arrive(f"VFull[{s}]")]
+def programs(stages: int, n_kv, chunks: int = 2) -> dict[str, list[Step]]:
+    """The roles' steps for a persistent CTA's tiles, `n_kv` key blocks each (an int: one tile), through a
+    `stages`-slot ring with PV in `chunks` chunks. Ring slots, S buffers and PvDone phases count key blocks
+    across tiles (G, the CTA's global block index); QFull and QEmpty count tiles."""
+    tiles = [n_kv] if isinstance(n_kv, int) else list(n_kv)
+    starts = [sum(tiles[:t]) for t in range(len(tiles))]
 
-    def pv(i):
-        b, s = i % 2, i % stages
-        steps = [wait(f"VFull[{s}]", i // stages)]
+    prod = []
+    for t, (n, g) in enumerate(zip(tiles, starts)):
+        if t > 0:
+            prod.append(wait("QEmpty", t - 1))  # the last QK of the previous tile has read Q
+        prod += [use(f"write Q {t}"), arrive("QFull")]
+        for G in range(g, g + n):
+            s = G % stages
+            if G >= stages:
+                prod.append(wait(f"KEmpty[{s}]", G // stages - 1))
+            prod += [use(f"write K{s} {G}"), arrive(f"KFull[{s}]")]
+            if G >= stages:
+                prod.append(wait(f"VEmpty[{s}]", G // stages - 1))
+            prod += [use(f"write V{s} {G}"), arrive(f"VFull[{s}]")]
+
+    def pv(G, t, first):
+        # A tile's first PV overwrites O with no barrier of its own: the softmax warps read the previous tile's
+        # O before they write any P of this one, and this PV waits for that P (checked by the overrun rules).
+        b, s = G % 2, G % stages
+        steps = [wait(f"VFull[{s}]", G // stages)]
         for c in range(chunks):
-            steps += [wait(f"PFull[{b}{c}]", i // 2), use(f"PV {i} reads P{b} chunk {c} V{s}")]
-        return steps + [use(f"PV {i} writes O"), arrive("PvDone"), arrive(f"VEmpty[{s}]")]
+            steps += [wait(f"PFull[{b}{c}]", G // 2), use(f"PV {G} reads P{b} chunk {c} V{s}")]
+        return steps + [use(f"PV {G} writes O {t}"), arrive("PvDone"), arrive(f"VEmpty[{s}]")]
 
-    mma = [wait("QFull", 0)]
-    for j in range(n_kv):
-        b, s = j % 2, j % stages
-        if j >= 2:
-            mma.append(wait("PvDone", j - 2))
-        mma += [wait(f"KFull[{s}]", j // stages), use(f"QK {j} reads K{s} writes S{b}"), arrive(f"SFull[{b}]"),
-                arrive(f"KEmpty[{s}]")]
-        if j >= 1:
-            mma += pv(j - 1)
-    if n_kv:
-        mma += pv(n_kv - 1)
+    mma = []
+    for t, (n, g) in enumerate(zip(tiles, starts)):
+        mma.append(wait("QFull", t))
+        for G in range(g, g + n):
+            b, s = G % 2, G % stages
+            if G >= 2:
+                mma.append(wait("PvDone", G - 2))
+            mma += [wait(f"KFull[{s}]", G // stages), use(f"QK {G} reads Q {t} K{s} writes S{b}"),
+                    arrive(f"SFull[{b}]"), arrive(f"KEmpty[{s}]")]
+            if G > g:
+                mma += pv(G - 1, t, G - 1 == g)
+        if n:
+            mma += pv(g + n - 1, t, n == 1)
+        mma += [use(f"QK done with Q {t}"), arrive("QEmpty")]
 
     roles = {"producer": prod, "mma": mma}
     for w in range(SOFTMAX_WARPS):
         steps = []
-        for j in range(n_kv):
-            b = j % 2
-            steps += [wait(f"SFull[{b}]", j // 2), use(f"softmax {j} reads S{b}")]
-            if j > 0:
-                steps += [wait("PvDone", j - 1), use(f"softmax {j} rescales O")]
-            for c in range(chunks):
-                steps += [use(f"softmax {j} writes P{b} chunk {c}"), arrive(f"PFull[{b}{c}]")]
-        if n_kv:
-            steps.append(wait("PvDone", n_kv - 1))
-        steps.append(use("softmax reads O"))
+        for t, (n, g) in enumerate(zip(tiles, starts)):
+            for G in range(g, g + n):
+                b = G % 2
+                steps += [wait(f"SFull[{b}]", G // 2), use(f"softmax {G} reads S{b}")]
+                if G > g:
+                    steps += [wait("PvDone", G - 1), use(f"softmax {G} rescales O")]
+                for c in range(chunks):
+                    steps += [use(f"softmax {G} writes P{b} chunk {c}"), arrive(f"PFull[{b}{c}]")]
+            if n:
+                steps.append(wait("PvDone", g + n - 1))
+            steps.append(use(f"softmax reads O {t} after {n}"))
         roles[f"softmax{w}"] = steps
     return roles
 
@@ -113,7 +128,11 @@ class _State:
     qk_done: set = field(default_factory=set)
     pv_done: set = field(default_factory=set)
     pv_issued: set = field(default_factory=set)
-    p_written: dict = field(default_factory=dict)  # block -> softmax warps that wrote their rows of its P
+    p_written: dict = field(default_factory=dict)  # (block, chunk) -> softmax warps that wrote their rows of P
+    q_tile: int = -1          # the tile whose Q is in shared memory
+    q_done: set = field(default_factory=set)   # tiles whose QKs have all read Q
+    o_read: dict = field(default_factory=dict)  # tile -> softmax warps that read its O
+    pv_tiles: dict = field(default_factory=dict)  # tile -> PVs written into O
 
     def barrier(self, name):
         if name not in self.barriers:
@@ -127,7 +146,12 @@ class ProtocolError(AssertionError):
 
 def _apply_use(state: _State, what: str) -> None:
     words = what.split()
-    if words[0] == "write":  # TMA load of block j into slot: its previous block's reader must be done
+    if words[0] == "write" and words[1] == "Q":  # the previous tile's QKs must be done with Q
+        t = int(words[2])
+        if t > 0 and (t - 1) not in state.q_done:
+            raise ProtocolError(f"Q of tile {t} loaded before the QKs of tile {t - 1} read theirs")
+        state.q_tile = t
+    elif words[0] == "write":  # TMA load of block G into slot: its previous block's reader must be done
         slot, j = words[1], int(words[2])
         previous = j - state.stages
         if previous >= 0:
@@ -136,8 +160,12 @@ def _apply_use(state: _State, what: str) -> None:
             if slot[0] == "V" and previous not in state.pv_done:
                 raise ProtocolError(f"V slot {slot[1:]} loaded with block {j} before PV {previous} read it")
         (state.k_block if slot[0] == "K" else state.v_block)[slot] = j
+    elif words[0] == "QK" and words[1] == "done":
+        state.q_done.add(int(words[4]))
     elif words[0] == "QK":
-        j = int(words[1])
+        j, t = int(words[1]), int(words[4])
+        if state.q_tile != t:
+            raise ProtocolError(f"QK {j} of tile {t} ran without that tile's Q")
         if state.k_block.get(f"K{j % state.stages}") != j:
             raise ProtocolError(f"QK {j} ran before K block {j} was loaded")
         if j >= 2 and (j - 2) not in state.pv_done:
@@ -150,13 +178,18 @@ def _apply_use(state: _State, what: str) -> None:
         if state.p_written.get((i, c), 0) != SOFTMAX_WARPS:
             raise ProtocolError(f"PV {i} read chunk {c} of P before every softmax warp wrote it")
     elif words[0] == "PV" and words[2] == "writes":
-        i = int(words[1])
+        i, t = int(words[1]), int(words[4])
+        if t > 0 and not state.pv_tiles.get(t) and state.o_read.get(t - 1, 0) != SOFTMAX_WARPS:
+            raise ProtocolError(f"the first PV of tile {t} overwrote O before the softmax read tile {t - 1}'s")
+        state.pv_tiles[t] = state.pv_tiles.get(t, 0) + 1
         state.pv_issued.add(i)
         state.pv_done.add(i)  # the MMA completes before its commit arrives (modelled as immediate)
     elif words[0] == "softmax":
         if words[1] == "reads" and words[2] == "O":
-            if len(state.pv_done) != len(state.qk_done):
-                raise ProtocolError("O read before the last PV finished")
+            t, n = int(words[3]), int(words[5])
+            if state.pv_tiles.get(t, 0) != n:
+                raise ProtocolError(f"O of tile {t} read before its last PV finished")
+            state.o_read[t] = state.o_read.get(t, 0) + 1
             return
         j, action = int(words[1]), words[2]
         if action == "reads" and j not in state.qk_done:
@@ -168,8 +201,8 @@ def _apply_use(state: _State, what: str) -> None:
             state.p_written[key] = state.p_written.get(key, 0) + 1
 
 
-def check(stages: int, n_kv: int, *, chunks: int = 2, schedules: int = 200, seed: int = 0) -> None:
-    """Run every role of a tile with n_kv key blocks under `schedules` random interleavings, the one that always
+def check(stages: int, n_kv, *, chunks: int = 2, schedules: int = 200, seed: int = 0) -> None:
+    """Run every role of a CTA's tiles (n_kv: the key blocks of one tile, or a list, one per tile) under `schedules` random interleavings, the one that always
     runs the first runnable role, and one per role that runs it only when nothing else can (the slowest that
     role can be); raise ProtocolError on a deadlock, an aliased wait or an overrun."""
     rng = random.Random(seed)
