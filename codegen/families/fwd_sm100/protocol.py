@@ -19,30 +19,13 @@ together by the barriers each device function waits on.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
+
+from codegen.protocol import ProtocolError, Step, arrive, run, use, wait
 
 SOFTMAX_WARPS = 4
 
-
-@dataclass(frozen=True)
-class Step:
-    kind: str           # "wait", "arrive", "use"
-    barrier: str = ""   # e.g. "KFull[1]"
-    phase: int = 0      # wait: the phase index waited for
-    use: str = ""       # use: what is read or written, e.g. "write K[1] j=4"
-
-
-def wait(barrier, phase):
-    return Step("wait", barrier, phase)
-
-
-def arrive(barrier):
-    return Step("arrive", barrier)
-
-
-def use(what):
-    return Step("use", use=what)
+__all__ = ["ProtocolError", "Step", "check", "programs"]
 
 
 def programs(stages: int, n_kv, chunks: int = 2) -> dict[str, list[Step]]:
@@ -112,16 +95,8 @@ ARRIVALS = {"PFull": SOFTMAX_WARPS}  # every other barrier completes a phase on 
 
 
 @dataclass
-class _Barrier:
-    arrivals: int
-    done: int = 0  # completed phases
-    pending: int = 0
-
-
-@dataclass
 class _State:
     stages: int
-    barriers: dict = field(default_factory=dict)
     # who last used each buffer, for the overrun checks: K/V slot -> block, S/P buffer -> block
     k_block: dict = field(default_factory=dict)
     v_block: dict = field(default_factory=dict)
@@ -134,14 +109,6 @@ class _State:
     o_read: dict = field(default_factory=dict)  # tile -> softmax warps that read its O
     pv_tiles: dict = field(default_factory=dict)  # tile -> PVs written into O
 
-    def barrier(self, name):
-        if name not in self.barriers:
-            self.barriers[name] = _Barrier(ARRIVALS.get(name.split("[")[0], 1))
-        return self.barriers[name]
-
-
-class ProtocolError(AssertionError):
-    pass
 
 
 def _apply_use(state: _State, what: str) -> None:
@@ -202,50 +169,8 @@ def _apply_use(state: _State, what: str) -> None:
 
 
 def check(stages: int, n_kv, *, chunks: int = 2, schedules: int = 200, seed: int = 0) -> None:
-    """Run every role of a CTA's tiles (n_kv: the key blocks of one tile, or a list, one per tile) under `schedules` random interleavings, the one that always
-    runs the first runnable role, and one per role that runs it only when nothing else can (the slowest that
-    role can be); raise ProtocolError on a deadlock, an aliased wait or an overrun."""
-    rng = random.Random(seed)
-    roles = list(programs(stages, n_kv, chunks))
-    # Schedules: the first runnable role always; each role starved (run only when nothing else can); random.
-    strategies = ["first"] + [("starve", r) for r in roles] + ["random"] * schedules
-    for strategy in strategies:
-        progs = programs(stages, n_kv, chunks)
-        pc = {role: 0 for role in progs}
-        state = _State(stages)
-        while True:
-            runnable = []
-            for role, steps in progs.items():
-                if pc[role] == len(steps):
-                    continue
-                step = steps[pc[role]]
-                if step.kind == "wait":
-                    bar = state.barrier(step.barrier)
-                    if bar.done < step.phase:
-                        raise ProtocolError(f"{role} waits for phase {step.phase} of {step.barrier} while phase "
-                                            f"{step.phase - 1} is not done: the parity wait would pass on an older phase")
-                    if bar.done == step.phase:
-                        continue  # blocked
-                runnable.append(role)
-            if not runnable:
-                stuck = {r: progs[r][pc[r]] for r in progs if pc[r] < len(progs[r])}
-                if stuck:
-                    raise ProtocolError(f"deadlock with {n_kv} key blocks, {stages} stages: " +
-                                        "; ".join(f"{r} at {s.kind} {s.barrier or s.use} {s.phase}" for r, s in stuck.items()))
-                break
-            if strategy == "first":
-                role = runnable[0]
-            elif strategy == "random":
-                role = rng.choice(runnable)
-            else:
-                others = [r for r in runnable if r != strategy[1]]
-                role = others[0] if others else runnable[0]
-            step = progs[role][pc[role]]
-            pc[role] += 1
-            if step.kind == "arrive":
-                bar = state.barrier(step.barrier)
-                bar.pending += 1
-                if bar.pending == bar.arrivals:
-                    bar.done, bar.pending = bar.done + 1, 0
-            elif step.kind == "use":
-                _apply_use(state, step.use)
+    """Run every role of a CTA's tiles (n_kv: the key blocks of one tile, or a list, one per tile) through
+    codegen.protocol.run; raise ProtocolError on a deadlock, an aliased wait or an overrun."""
+    run(lambda: programs(stages, n_kv, chunks), lambda name: ARRIVALS.get(name.split("[")[0], 1),
+        lambda: _State(stages), _apply_use, what=f"key blocks {n_kv}, {stages} stages, {chunks} PV chunks",
+        schedules=schedules, seed=seed)

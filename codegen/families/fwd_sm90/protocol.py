@@ -1,0 +1,206 @@
+"""The Hopper forward kernel's barrier protocol as data, checked by codegen.protocol.run.
+
+Roles: the producer thread, and the two consumer warpgroups (each step of a warpgroup is its four warps at
+once: their lane-0 arrivals count 4). The steps mirror templates/fwd_sm90 (producer() and its loads in
+mainloop.j2, the consumer's kv_step and tile boundary, store_tile in epilogue.j2, the tile loop in tiles.j2)
+for the three shapes of tile loop the plan emits: one tile per CTA, persistent with the plain tile boundary,
+and persistent with `tile_overlap` (a tile's O stored under the next tile's first QK). Ping-pong turns are
+named-barrier rendezvous between the consumers.
+
+An MMA is issued inside the consumer's turn and complete only at the wgmma wait that covers it (the `done` uses
+just before each release), so the model does not take an issued wgmma for a finished one.
+
+The buffer rules (`_apply_use`): a K or V slot is loaded only after both consumers' last reader of its previous
+block is done, and a K slot that staged a tile's O only after both stores have read it; Q is loaded only after
+both consumers' last QK of the previous tile; O is staged in a K slot only after both consumers' last QK of
+the tile has read it; every QK/PV finds its block loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from codegen.protocol import ProtocolError, arrive, run, signal, sync, use, wait
+
+CONSUMERS = 2
+WARPS = 4  # per consumer warpgroup; each releases a slot with one lane-0 arrival
+ARRIVALS = {"QFull": 1, "KFull": 1, "VFull": 1, "KEmpty": CONSUMERS * WARPS, "VEmpty": CONSUMERS * WARPS,
+            "QEmpty": CONSUMERS * WARPS}
+
+__all__ = ["ProtocolError", "check", "programs"]
+
+
+def programs(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool = True) -> dict:
+    tiles = [tiles] if isinstance(tiles, int) else list(tiles)
+    if not persistent:
+        assert len(tiles) == 1 and not overlap, "one tile per CTA"
+    if overlap:
+        assert all(tiles), "tile_overlap is only for alike tiles, which all have keys"
+    starts = [sum(tiles[:t]) for t in range(len(tiles))]
+
+    # ---- the producer
+    prod = []
+    for t, (n, r) in enumerate(zip(tiles, starts)):
+        def load(op, i):
+            G, steps = r + i, []
+            s = G % stages
+            if G >= stages:
+                steps.append(wait(f"{op}Empty[{s}]", G // stages - 1))
+            return steps + [use(f"write {op} {s} {G}"), arrive(f"{op}Full[{s}]")]
+
+        def load_kv(i):
+            return load("K", i) + (load("V", i - 1) if i > 0 else [])
+
+        if not persistent:
+            prod += [use("write Q 0"), arrive("QFull")]
+            for i in range(n):
+                prod += load_kv(i)
+            if n:
+                prod += load("V", n - 1)
+            continue
+        early = min(n, stages - 1)
+        for i in range(early):
+            prod += load_kv(i)
+        if t > 0:
+            prod.append(wait("QEmpty", t - 1))
+        prod += [use(f"write Q {t}"), arrive("QFull")]
+        if overlap:
+            if early > 0:
+                prod += load("V", early - 1)
+            for i in range(early, n):
+                prod += load("K", i) + (load("V", i - 1) if i > early else [])
+            if n > early:
+                prod += load("V", n - 1)
+        else:
+            for i in range(early, n):
+                prod += load_kv(i)
+            if n:
+                prod += load("V", n - 1)
+    if persistent:  # no Q comes: a plain arrival ends the consumers' loop
+        prod += [wait("QEmpty", len(tiles) - 1), arrive("QFull")]
+
+    # ---- the consumers
+    def consumer(c):
+        other = 1 - c
+        steps = [signal("Turn[0]")] if pingpong and c == 1 else []
+
+        def take():
+            return [sync(f"Turn[{c}]")] if pingpong else []
+
+        def give():
+            return [signal(f"Turn[{other}]")] if pingpong else []
+
+        pending = None  # overlap: (tile, K slot) whose O is not stored yet
+        for t, (n, r) in enumerate(zip(tiles, starts)):
+            steps.append(wait("QFull", t))
+            last_release = "QEmpty" if persistent else None
+
+            def release_k(i):  # after the wait that covers QK(G): its wgmma group is done, the slot is free
+                G = r + i
+                name = last_release if persistent and i == n - 1 else f"KEmpty[{G % stages}]"
+                return [use(f"QK done {c} {G}"), arrive(name, WARPS)]
+
+            def release_v(G):
+                return [use(f"PV done {c} {G}"), arrive(f"VEmpty[{G % stages}]", WARPS)]
+
+            if n:
+                steps += take() + [wait(f"KFull[{r % stages}]", r // stages), use(f"QK {c} {t} {r}")] + give()
+                if overlap and pending is not None:
+                    pt, ps = pending
+                    steps += [wait("QEmpty", pt), use(f"stage O {c} {pt} K{ps}"), arrive(f"KEmpty[{ps}]", WARPS)]
+                steps += release_k(0)
+                for i in range(1, n):
+                    G = r + i
+                    steps += take() + [wait(f"KFull[{G % stages}]", G // stages), use(f"QK {c} {t} {G}"),
+                                       wait(f"VFull[{(G - 1) % stages}]", (G - 1) // stages), use(f"PV {c} {G - 1}")]
+                    steps += give() + release_k(i) + release_v(G - 1)
+                G = r + n - 1
+                steps += take() + [wait(f"VFull[{G % stages}]", G // stages), use(f"PV {c} {G}")] + give()
+                steps += release_v(G)
+            if overlap:
+                pending = (t, (r + n - 1) % stages)
+            elif persistent:
+                if n:
+                    s = (r + n - 1) % stages
+                    steps += [wait("QEmpty", t), use(f"stage O {c} {t} K{s}"), arrive(f"KEmpty[{s}]", WARPS)]
+                else:  # no keys: O is staged in the Q tile, which is released instead
+                    steps += [use(f"stage O {c} {t} Q"), arrive("QEmpty", WARPS)]
+            else:
+                steps.append(use(f"stage O {c} {t} Q"))
+        if persistent:
+            steps.append(wait("QFull", len(tiles)))  # the end
+        if pending is not None:
+            pt, ps = pending
+            steps += [wait("QEmpty", pt), use(f"stage O {c} {pt} K{ps}"), arrive(f"KEmpty[{ps}]", WARPS)]
+        return steps
+
+    return {"producer": prod, **{f"consumer{c}": consumer(c) for c in range(CONSUMERS)}}
+
+
+@dataclass
+class _State:
+    stages: int
+    tiles: list
+    k_block: dict = field(default_factory=dict)  # slot -> block in it
+    v_block: dict = field(default_factory=dict)
+    qk: dict = field(default_factory=dict)       # block -> consumers whose QK of it has completed
+    pv: dict = field(default_factory=dict)       # block -> consumers whose PV of it has completed
+    staged: dict = field(default_factory=dict)   # (tile, where) -> consumers that staged O there
+    q_tile: int = -1
+
+
+def _apply_use(state: _State, what: str) -> None:
+    w = what.split()
+    starts = [sum(state.tiles[:t]) for t in range(len(state.tiles))]
+    if w[0] == "write" and w[1] == "Q":
+        t = int(w[2])
+        if t > 0:
+            prev, r = state.tiles[t - 1], starts[t - 1]
+            if any(len(state.qk.get(G, ())) < CONSUMERS for G in range(r, r + prev)):
+                raise ProtocolError(f"Q of tile {t} loaded before both consumers' QKs of tile {t - 1} read theirs")
+            if prev == 0 and len(state.staged.get((t - 1, "Q"), ())) < CONSUMERS:
+                raise ProtocolError(f"Q of tile {t} loaded over tile {t - 1}'s O staged in the Q tile")
+        state.q_tile = t
+    elif w[0] == "write":
+        op, s, G = w[1], int(w[2]), int(w[3])
+        prev = G - state.stages
+        if prev >= 0:
+            readers = (state.qk if op == "K" else state.pv).get(prev, ())
+            if len(readers) < CONSUMERS:
+                raise ProtocolError(f"{op} slot {s} loaded with block {G} before both consumers read block {prev}")
+            if op == "K":
+                t = next(t for t, r in enumerate(starts) if r <= prev < r + state.tiles[t])
+                if prev == starts[t] + state.tiles[t] - 1 and len(state.staged.get((t, f"K{s}"), ())) < CONSUMERS:
+                    raise ProtocolError(f"K slot {s} loaded with block {G} while tile {t}'s O is staged there")
+        (state.k_block if op == "K" else state.v_block)[s] = G
+    elif w[0] in ("QK", "PV") and w[1] == "done":  # the wgmma group completed (wgmma.wait_group)
+        (state.qk if w[0] == "QK" else state.pv).setdefault(int(w[3]), set()).add(int(w[2]))
+    elif w[0] == "QK":
+        c, t, G = int(w[1]), int(w[2]), int(w[3])
+        if state.q_tile != t:
+            raise ProtocolError(f"consumer {c}'s QK {G} ran without tile {t}'s Q")
+        if state.k_block.get(G % state.stages) != G:
+            raise ProtocolError(f"consumer {c}'s QK {G} ran before K block {G} was loaded")
+    elif w[0] == "PV":
+        c, G = int(w[1]), int(w[2])
+        if state.v_block.get(G % state.stages) != G:
+            raise ProtocolError(f"consumer {c}'s PV {G} ran before V block {G} was loaded")
+    elif w[0] == "stage":
+        c, t, where = int(w[2]), int(w[3]), w[4]
+        if where.startswith("K"):
+            G = starts[t] + state.tiles[t] - 1
+            if len(state.qk.get(G, ())) < CONSUMERS:
+                raise ProtocolError(f"consumer {c} staged tile {t}'s O in K slot {where[1:]} before both last QKs "
+                                    "read it")
+            if state.k_block.get(int(where[1:])) != G:
+                raise ProtocolError(f"K slot {where[1:]} was reloaded before tile {t}'s O was staged there")
+        state.staged.setdefault((t, where), set()).add(c)
+
+
+def check(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool = True, schedules: int = 100,
+          seed: int = 0) -> None:
+    tile_list = [tiles] if isinstance(tiles, int) else list(tiles)
+    run(lambda: programs(stages, tile_list, persistent=persistent, overlap=overlap, pingpong=pingpong),
+        lambda name: ARRIVALS[name.split("[")[0]], lambda: _State(stages, tile_list), _apply_use,
+        what=f"tiles {tile_list}, {stages} stages, persistent={persistent}, overlap={overlap}",
+        schedules=schedules, seed=seed)

@@ -1,0 +1,74 @@
+"""The Hopper forward kernel's barrier protocol (codegen/families/fwd_sm90/protocol.py): no deadlock, aliased
+wait or overrun for the three tile loops the plan emits, across 0 to 3x the ring depth of key blocks and over
+tiles without keys; every dropped wait or release is caught; the model waits on what the kernel waits on."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from codegen.build import build
+from codegen.families.fwd_sm90 import protocol
+from codegen.protocol import ProtocolError
+from codegen.spec import KernelSpec
+
+
+@pytest.mark.parametrize("stages", (2, 3, 4))
+def test_one_tile_per_cta(stages):
+    for n in range(0, 3 * stages + 1):
+        protocol.check(stages, n, persistent=False, overlap=False, schedules=15, seed=n)
+
+
+@pytest.mark.parametrize("stages", (2, 3))
+@pytest.mark.parametrize("overlap", (False, True), ids=("plain", "overlap"))
+@pytest.mark.parametrize("pingpong", (True, False), ids=("pingpong", "no-pingpong"))
+def test_persistent_tiles(stages, overlap, pingpong):
+    lists = [[1, 1], [stages, stages, stages], [2 * stages + 1, 1, 3], [3, 3, 3, 3]]
+    if not overlap:  # causal/varlen tiles may have no keys (overlap is only for alike tiles)
+        lists += [[1, 0, 3], [0, 0, 2], [0], [2, 0]]
+    for tiles in lists:
+        protocol.check(stages, tiles, persistent=True, overlap=overlap, pingpong=pingpong, schedules=15,
+                       seed=len(tiles))
+
+
+@pytest.mark.parametrize("role, kind, name, overlap, pingpong, message", [
+    ("producer", "wait", "KEmpty", False, True, "K slot .* loaded with block .* before both consumers read"),
+    ("producer", "wait", "VEmpty", False, True, "V slot .* loaded with block .* before both consumers read"),
+    ("producer", "wait", "QEmpty", False, True, "Q of tile .* loaded before|aliased|older phase"),
+    ("consumer0", "wait", "QFull", False, True, "without tile .*'s Q|aliased|older phase"),
+    ("consumer0", "wait", "KFull", False, True, "before K block .* was loaded"),
+    ("consumer0", "wait", "QEmpty", False, True, "staged tile .*'s O in K slot .* before both last QKs"),
+    ("consumer1", "arrive", "KEmpty", False, True, "deadlock"),
+    ("consumer1", "signal", "Turn", False, True, "deadlock"),
+])
+def test_a_dropped_wait_or_release_is_caught(monkeypatch, role, kind, name, overlap, pingpong, message):
+    """(Under tile_overlap the Q-empty wait before staging the pending O cannot be missed: the next tile's Q,
+    which the consumer waited for first, is loaded only after that same phase. The kernel keeps the wait.)"""
+    real = protocol.programs
+
+    def without(*args, **kwargs):
+        progs = real(*args, **kwargs)
+        progs[role] = [s for s in progs[role] if not (s.kind == kind and s.barrier.startswith(name))]
+        return progs
+
+    monkeypatch.setattr(protocol, "programs", without)
+    with pytest.raises(ProtocolError, match=message):
+        for tiles in ([1, 1], [4, 2, 5], [3, 3, 3]):
+            protocol.check(2, tiles, persistent=True, overlap=overlap, pingpong=pingpong, schedules=60, seed=3)
+
+
+def test_the_model_waits_on_what_the_kernel_waits_on():
+    source = build(KernelSpec(seq_len=1024, heads=8, head_dim=128, tile_overlap=False)).rendered.source
+    bodies = dict(re.findall(r"static __device__ __forceinline__ \w+ (\w+)\((.*?)\n}\n", source, flags=re.S))
+    bodies.update(re.findall(r"static __device__ __forceinline__ \w+ (\w+_tiles)\((.*?)\n}\n", source, flags=re.S))
+
+    def waited(*names):
+        return {m for n in names for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+)", bodies[n])}
+
+    def modelled(role):
+        progs = protocol.programs(2, [2, 0, 3], persistent=True, overlap=False)
+        return {s.barrier.split("[")[0] for s in progs[role] if s.kind == "wait"}
+
+    assert waited("producer", "producer_tiles") == modelled("producer")
+    assert waited("consumer", "consumer_tiles", "store_tile") == modelled("consumer0")
