@@ -1,20 +1,15 @@
-"""The Blackwell forward kernel's barrier protocol as data, and a CPU check that it cannot deadlock, wait on an
-aliased phase, or overwrite a buffer still in use.
+"""The Blackwell forward kernel's barrier protocol as data, checked by codegen.protocol.run.
 
-`programs(stages, n_kv)` lists, per role (the TMA thread, the MMA thread, each of the four softmax warps), the
-steps the kernel takes for a tile of n_kv key blocks: waits on a barrier phase, arrivals, and the buffer accesses
-between them. tcgen05.commit and TMA completion are arrivals that depend on no barrier, so they are modelled as
-immediate (a delay cannot add a wait). `check(stages, n_kv)` runs the roles under many interleavings with
-mbarrier parity semantics and reports the first problem:
+`programs(stages, tiles, chunks)` lists, per role (the TMA thread, the MMA thread, each of the four softmax
+warps), the steps the kernel takes for a persistent CTA's tiles (`tiles`: the key blocks of each; an int is
+one tile): waits on a barrier phase, arrivals, and the buffer accesses between them. `check` runs them under
+many interleavings (codegen/protocol.py says how) and `_apply_use` refuses an overrun: a TMA load into a ring
+slot, a Q load, a QK into an S buffer or a P write before the last reader of that buffer has finished; a PV
+that reads P before every softmax warp wrote its part, or overwrites O before the softmax read the previous
+tile's; an O rescale or read while a PV may be writing O.
 
-* deadlock: no role can take a step and some are not finished;
-* aliasing: a wait for phase k while the barrier has not finished phase k - 1 (try_wait.parity would pass on
-  the older phase of the same parity);
-* overrun: a TMA load into a ring slot, a QK into an S buffer, or a P write, before the last reader of that
-  buffer has finished; an O rescale or read while a PV may be writing O.
-
-The steps mirror templates/fwd_sm100/kernel.cu.j2 (producer, mma_issuer, issue_pv, softmax); tests hold the two
-together by the barriers each device function waits on.
+The steps mirror templates/fwd_sm100/kernel.cu.j2 (producer, mma_issuer, issue_pv, softmax_tile); tests hold
+the two together by the barriers each device function waits on.
 """
 
 from __future__ import annotations
