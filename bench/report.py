@@ -280,7 +280,8 @@ def render_markdown(table: Sequence[Sequence[str]]) -> str:
 
 
 # The run facts repeated in every JSON row, so each row stands alone; the Markdown file lists them all.
-RUN_KEYS = ("gpu", "driver_version", "torch", "cudnn", "triton", "date_utc", "flashgen_source_sha256", "command")
+RUN_KEYS = ("gpu", "driver_version", "torch", "cudnn", "triton", "date_utc", "flashgen_commit", "flashgen_tree",
+            "flashgen_source_sha256", "command")
 
 
 @dataclass(frozen=True)
@@ -351,17 +352,42 @@ def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
     return paths
 
 
-def git_commit() -> str | None:
-    """HEAD of the repository, '+dirty' when the tree has changes; None outside a git checkout."""
+COMMIT_ENV = "FLASHGEN_COMMIT"  # "<commit>:<tree>", from `git log -1 --format=%H:%T` where the copy was made
+
+
+def _git(root: Path, *args: str, env: dict | None = None) -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def working_tree(root: Path = ROOT) -> str | None:
+    """The git tree hash of the files as they stand (tracked and untracked-not-ignored), built in a scratch
+    index: it names the exact source even where .git is stale, as on the GPU machine's copy of the tree."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        if _git(root, "add", "--all", ".", env=env) is None:
+            return None
+        return _git(root, "write-tree", env=env)
+
+
+def git_commit(tree: str | None, root: Path = ROOT) -> str | None:
+    """The commit whose tree is `tree` (the working tree): HEAD, or the commit that FLASHGEN_COMMIT declares
+    with its tree (a copy's .git can lag its files); otherwise HEAD+dirty. None outside a git checkout."""
+    head = _git(root, "rev-parse", "HEAD")
+    if head is None:
+        return None
+    if tree is not None and tree == _git(root, "rev-parse", "HEAD^{tree}"):
+        return head
+    declared = os.environ.get(COMMIT_ENV, "")
+    commit, _, declared_tree = declared.partition(":")
+    if tree is not None and declared_tree == tree and re.fullmatch(r"[0-9a-f]{40}", commit):
+        return commit
+    return head + "+dirty"
 
 
 def source_sha256() -> str:
@@ -379,11 +405,13 @@ def source_sha256() -> str:
 
 def host_meta(command: str, now: _dt.datetime) -> dict:
     """What every result records, GPU or not."""
+    tree = working_tree()
     meta = {
         "date_utc": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
         "date_utc_stamp": utc_stamp(now),
         "command": command,
-        "flashgen_commit": git_commit(),
+        "flashgen_commit": git_commit(tree),
+        "flashgen_tree": tree,
         "flashgen_source_sha256": source_sha256(),
         "python": platform.python_version(),
         "host_cpus": os.cpu_count(),

@@ -9,7 +9,9 @@ a table last.
 Everything lands in $OUT (or ./gpu-check-out) as two files, because the device tool returns only a few:
 summary.txt (the table printed last) and logs.tgz (pytest, probe, export and bench logs, and each matrix's
 result files under results/<matrix>/, ready to copy into bench/results). The device machine has the image's
-own python3 with torch; nothing is installed.
+own python3 with torch; nothing is installed. Commit first and run it as
+`FLASHGEN_COMMIT=<git log -1 --format=%H:%T> python3 scripts/gpu_check.py ...`: the copy's .git is stale, and
+the results record that commit as clean only when its tree is the files' tree (bench/README.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import tarfile
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.report import ROOT, git_commit, working_tree  # noqa: E402
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
@@ -118,6 +121,8 @@ def main() -> int:
     final.mkdir(parents=True, exist_ok=True)
     out = pathlib.Path(tempfile.mkdtemp(prefix="gpu-check-"))  # logs gather here, then go into logs.tgz
     summary = []
+    tree = working_tree()  # before any step writes a file
+    source = f"commit {git_commit(tree)}, tree {tree}"
 
     if not args.skip_tests:
         rc, text, secs = run([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "-p", "no:cacheprovider",
@@ -214,7 +219,7 @@ def main() -> int:
             if matrix == "default" and rc == 0:
                 summary.append(default_repeats(args.default_runs, results, out))
 
-    lines = ["== gpu_check summary =="] + [f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}"
+    lines = ["== gpu_check summary ==", source] + [f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}"
                                           for name, status, detail, secs in summary]
     print("\n" + "\n".join(lines))
     (final / "summary.txt").write_text("\n".join(lines) + "\n")

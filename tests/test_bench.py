@@ -27,8 +27,9 @@ from bench.inputs import (Inputs, MAX_INPUT_SETS, cu_seqlens_of, input_set_count
 from bench.peers import (PEERS, Peer, Unavailable, VARLEN_PEER_IMPLS, _flash_varlen_calls, _flashgen_varlen_calls,
     _flex_calls, _flex_varlen_calls, _ragged_kwargs, _sdpa_calls, _unfused_calls, _unpadded, aten_op, gqa_kwargs,
     peer_names, peers_for, sdpa_kwargs, splits_for)
-from bench.report import (BenchResult, DEFAULT_OUT, ROOT, Row, TABLE_HEADER, case_table, finalize, geomean, host_meta,
-    load_rows, ratio_summaries, render_markdown, render_text, save_results, source_sha256, split_impl, summary_table)
+from bench.report import (BenchResult, DEFAULT_OUT, ROOT, Row, TABLE_HEADER, case_table, finalize, geomean, git_commit,
+    host_meta, load_rows, ratio_summaries, render_markdown, render_text, save_results, source_sha256, split_impl,
+    summary_table, working_tree)
 from codegen import check
 
 SEED = Case(1, 1024, 64, 128, "f16")
@@ -348,7 +349,63 @@ def test_host_meta_records_date_command_and_commit():
     assert meta["date_utc"] == "2026-11-30 12:00:00 UTC" and meta["date_utc_stamp"] == "20261130T120000Z"
     assert meta["command"] == "gen.py bench --compile"
     assert meta["flashgen_commit"] is None or len(meta["flashgen_commit"].split("+")[0]) == 40
+    assert meta["flashgen_tree"] == working_tree()
     assert meta["flashgen_source_sha256"] == source_sha256() and len(meta["flashgen_source_sha256"]) == 64
+
+
+def _repo(path, files: dict) -> str:
+    """A git repository at `path` holding `files`, committed; returns the commit."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    if not (path / ".git").exists():
+        git("init", "-q")
+    for name, text in files.items():
+        (path / name).write_text(text)
+    git("add", "--all", ".")
+    git("commit", "-q", "-m", "x")
+    return git("rev-parse", "HEAD")
+
+
+def test_git_commit_is_head_only_for_the_exact_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHGEN_COMMIT", raising=False)
+    head = _repo(tmp_path, {"a.py": "1\n", ".gitignore": "build/\n"})
+    assert git_commit(working_tree(tmp_path), tmp_path) == head
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "out.o").write_text("ignored")  # ignored files are not the source
+    assert git_commit(working_tree(tmp_path), tmp_path) == head
+    (tmp_path / "new.py").write_text("untracked")  # untracked files travel to the GPU machine: they count
+    assert git_commit(working_tree(tmp_path), tmp_path) == head + "+dirty"
+    (tmp_path / "new.py").unlink()
+    (tmp_path / "a.py").write_text("2\n")
+    assert git_commit(working_tree(tmp_path), tmp_path) == head + "+dirty"
+    assert git_commit(None, tmp_path) == head + "+dirty"  # no tree: never called clean
+    assert git_commit(None, tmp_path / "build") is not None  # inside a checkout
+
+
+def test_git_commit_takes_the_declared_commit_when_its_tree_is_the_files(tmp_path, monkeypatch):
+    """The GPU machine's copy: its .git is from an older commit, its files are a newer commit's."""
+    import subprocess
+
+    old = _repo(tmp_path, {"a.py": "1\n"})
+    new = _repo(tmp_path, {"a.py": "2\n"})
+    new_tree = subprocess.run(["git", "rev-parse", "HEAD^{tree}"], cwd=tmp_path, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    subprocess.run(["git", "reset", "-q", "--soft", old], cwd=tmp_path, check=True)  # a stale HEAD, new files
+    tree = working_tree(tmp_path)
+    assert tree == new_tree
+    monkeypatch.delenv("FLASHGEN_COMMIT", raising=False)
+    assert git_commit(tree, tmp_path) == old + "+dirty"
+    monkeypatch.setenv("FLASHGEN_COMMIT", f"{new}:{new_tree}")
+    assert git_commit(tree, tmp_path) == new
+    monkeypatch.setenv("FLASHGEN_COMMIT", f"{new}:{'0' * 40}")  # a declared tree that is not these files
+    assert git_commit(tree, tmp_path) == old + "+dirty"
+    (tmp_path / "a.py").write_text("3\n")
+    monkeypatch.setenv("FLASHGEN_COMMIT", f"{new}:{new_tree}")
+    assert git_commit(working_tree(tmp_path), tmp_path) == old + "+dirty"
 
 
 # ---------------------------------------------------------------------------------------------- timing
