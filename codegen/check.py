@@ -157,21 +157,39 @@ def rel_err(x, ref) -> float:
     return float((x - ref).norm() / ref.norm())
 
 
+def row_rel_err(x, ref) -> float:
+    """The worst row's ||x_r - ref_r|| / ||ref_r||, a row being one query of one head (the last dim); a row whose
+    reference is 0 (it sees no key) counts its absolute error. One wrong row in thousands barely moves rel_err:
+    it moves this. inf when x holds a NaN or inf."""
+    import torch
+
+    x = x.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    if x.numel() == 0:
+        return 0.0
+    diff, size = (x - ref).norm(dim=-1), ref.norm(dim=-1)
+    return float(torch.where(size > 0, diff / size.clamp_min(torch.finfo(torch.float64).tiny), diff).max())
+
+
 def snr_db(x, ref) -> float:
     err = rel_err(x, ref)
     return float("inf") if err == 0 else -20.0 * math.log10(err) if math.isfinite(err) else float("-inf")
 
 
-def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd", scale: float | None = None) -> float:
-    """The same-dtype PyTorch SDPA error against the float64 reference: the yardstick for ours."""
+def sdpa_output(q, k, v, *, causal: bool, layout: str = "bshd", scale: float | None = None):
+    """PyTorch SDPA's output in the inputs' dtype and layout: the yardstick's numbers."""
     import torch
 
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    if layout == "bshd":
-        o = o.transpose(1, 2)
-    return rel_err(o, ref)
+    return o.transpose(1, 2) if layout == "bshd" else o
+
+
+def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd", scale: float | None = None) -> float:
+    """The same-dtype PyTorch SDPA error against the float64 reference: the yardstick for ours."""
+    return rel_err(sdpa_output(q, k, v, causal=causal, layout=layout, scale=scale), ref)
 
 
 # Timing (time_gpu): how far ahead of the timed calls the GPU is put to sleep, and the clock it sleeps by.

@@ -17,3 +17,25 @@ def test_worst_element_names_the_index_and_whether_the_value_is_misplaced():
     assert "worst at (1, 2, 3)" in worst_element(x, ref) and "occurs elsewhere" in worst_element(x, ref)
     x[0, 1, 1] = float("nan")
     assert worst_element(x, ref).startswith("worst at (0, 1, 1): nan")
+
+
+def test_row_rel_err_sees_one_wrong_row_that_the_global_error_hides():
+    torch = pytest.importorskip("torch")
+    from codegen.check import rel_err, row_rel_err
+
+    ref = torch.ones(2, 1000, 4, 8, dtype=torch.float64)  # (B, S, H, D): rows of norm sqrt(8)
+    x = ref.clone()
+    x[1, 500, 2] = -1.0  # one row of 8000 negated: its own error is 2
+    assert row_rel_err(x, ref) == 2.0
+    assert rel_err(x, ref) < 0.03
+    x = ref.clone()
+    x[0, 0, 0, 0] += 0.5
+    assert row_rel_err(x, ref) == pytest.approx(0.5 / 8 ** 0.5)
+    ref[0, 7, 1] = 0.0  # a row without keys: its absolute error counts
+    x = ref.clone()
+    assert row_rel_err(x, ref) == 0.0
+    x[0, 7, 1, 3] = 1e-3
+    assert row_rel_err(x, ref) == pytest.approx(1e-3)
+    x[0, 7, 1, 3] = float("nan")
+    assert row_rel_err(x, ref) == float("inf")
+    assert row_rel_err(ref[:, :0], ref[:, :0]) == 0.0
