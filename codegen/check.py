@@ -72,18 +72,11 @@ def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None,
     return keep
 
 
-def same_dtype_error(q, k, v, ref, *, causal: bool = False, window=None, softcap: float = 0.0,
-                     scale: float | None = None, layout: str = "bshd") -> float:
-    """The error, against the float64 reference, of a flash-style computation in the inputs' dtype: products
-    accumulated in float32, softmax in float32, P rounded to the inputs' dtype before PV, the output rounded
-    too. The yardstick for variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
-    out = same_dtype_output(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, layout=layout)
-    return rel_err(out, ref)
-
-
 def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: float = 0.0,
                       scale: float | None = None, layout: str = "bshd"):
-    """The flash-style same-dtype computation of `same_dtype_error`, returned in q's layout."""
+    """A flash-style computation in the inputs' dtype, returned in q's layout: products accumulated in float32,
+    softmax in float32, P rounded to the inputs' dtype before PV, the output rounded too. The yardstick for
+    variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
     import torch
 
     qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
@@ -172,6 +165,18 @@ def row_rel_err(x, ref) -> float:
     return float(torch.where(size > 0, diff / size.clamp_min(torch.finfo(torch.float64).tiny), diff).max())
 
 
+def accuracy_failure(x, ref, yardstick, *, factor: float = 2.0, floor: float = 1e-6,
+                     name: str = "the same-dtype PyTorch") -> str | None:
+    """Why x fails against the float64 ref, or None. `yardstick` is a same-dtype computation of the same
+    attention; x's error may be at most `factor` times its error (or `floor`), over the whole tensor and in
+    the worst row alike."""
+    for measure, what in ((rel_err, "rel err"), (row_rel_err, "worst row's rel err")):
+        err, allowed = measure(x, ref), measure(yardstick, ref)
+        if not err <= max(factor * allowed, floor):
+            return f"{what} {err:.3e} > {factor:g} x {name}'s {allowed:.3e}; {worst_element(x, ref)}"
+    return None
+
+
 def snr_db(x, ref) -> float:
     err = rel_err(x, ref)
     return float("inf") if err == 0 else -20.0 * math.log10(err) if math.isfinite(err) else float("-inf")
@@ -185,11 +190,6 @@ def sdpa_output(q, k, v, *, causal: bool, layout: str = "bshd", scale: float | N
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     return o.transpose(1, 2) if layout == "bshd" else o
-
-
-def sdpa_error(q, k, v, ref, *, causal: bool, layout: str = "bshd", scale: float | None = None) -> float:
-    """The same-dtype PyTorch SDPA error against the float64 reference: the yardstick for ours."""
-    return rel_err(sdpa_output(q, k, v, causal=causal, layout=layout, scale=scale), ref)
 
 
 # Timing (time_gpu): how far ahead of the timed calls the GPU is put to sleep, and the clock it sleeps by.

@@ -39,3 +39,21 @@ def test_row_rel_err_sees_one_wrong_row_that_the_global_error_hides():
     x[0, 7, 1, 3] = float("nan")
     assert row_rel_err(x, ref) == float("inf")
     assert row_rel_err(ref[:, :0], ref[:, :0]) == 0.0
+
+
+def test_accuracy_failure_bounds_the_whole_tensor_and_the_worst_row():
+    torch = pytest.importorskip("torch")
+    from codegen.check import accuracy_failure, reference, same_dtype_output
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 300, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    ref, _ = reference(q, k, v, causal=True)
+    same_dtype = same_dtype_output(q, k, v, causal=True)
+    assert accuracy_failure(same_dtype, ref, same_dtype) is None
+    off_row = same_dtype.clone()
+    off_row[0, 123, 2] *= 1.03  # one row in 1200: the global error stays within 2x, the row's does not
+    failure = accuracy_failure(off_row, ref, same_dtype)
+    assert failure is not None and failure.startswith("worst row's rel err") and "worst at (0, 123, 2," in failure
+    off_all = (same_dtype.double() * 1.01).to(torch.bfloat16)
+    assert accuracy_failure(off_all, ref, same_dtype).startswith("rel err")
+    assert accuracy_failure(same_dtype, ref, ref.to(torch.bfloat16), floor=0.5) is None  # the floor holds
