@@ -20,6 +20,10 @@ def bench_main(argv: list[str]) -> int:
         return 2
     if config.mode == "compile":
         return _compile_main(config)
+    if config.mode == "decode":
+        from .decode import decode_main
+
+        return decode_main(config)
     try:
         result = run_gpu(config)
     except (ImportError, RuntimeError) as e:

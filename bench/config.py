@@ -30,6 +30,9 @@ USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compil
   gen.py bench --matrix [NAME]
       many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean
       (`--matrix varlen` for the variable-length set; `coverage` holds two of them too).
+  gen.py bench --matrix decode [--iters N] [--out bench/results]
+      codegen.attention_with_kvcache (decode over a KV cache) against SDPA's cuDNN, flash and efficient backends
+      on full caches, no mask (bench/decode.py; files *-decode.json and .md).
   gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
@@ -52,11 +55,14 @@ MATRIX_PEERS = ("flashgen", "cudnn", "flash", "flex", "cudnn_varlen", "flash_var
 # flash_varlen run on varlen cases only.
 VARLEN_PEERS = ("flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen")
 VARLEN_ONLY_PEERS = ("cudnn_varlen", "flash_varlen")
+# `--matrix decode`: codegen.decode.attention_with_kvcache against SDPA's backends (bench/decode.py holds its cases).
+DECODE_MATRIX = "decode"
+DECODE_IMPLS = ("flashgen", "cudnn", "flash", "efficient")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    mode: str  # "table", "matrix" or "compile"
+    mode: str  # "table", "matrix", "compile" or "decode" (cases: (), bench.decode.decode_cases())
     cases: tuple[Case, ...]
     peers: tuple[str, ...]
     splits: tuple[tuple[int, ...], ...]  # () : every candidate split valid for the shape
@@ -72,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gen.py bench", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--matrix", nargs="?", const="default", choices=sorted(MATRICES), metavar="NAME",
-                      help=f"run a built-in shape matrix ({', '.join(sorted(MATRICES))}; default: default)")
+    matrices = sorted([*MATRICES, DECODE_MATRIX])
+    mode.add_argument("--matrix", nargs="?", const="default", choices=matrices, metavar="NAME",
+                      help=f"run a built-in shape matrix ({', '.join(matrices)}; default: default; decode: "
+                           "attention_with_kvcache against SDPA, bench/decode.py)")
     mode.add_argument("--compile", action="store_true", help="report cold and warm build times (no GPU)")
     parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]",
                         help="batch, sequence, heads, head dim, and after ':' the K/V heads for grouped-query "
@@ -86,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-dim", type=int, metavar="D", help="head dim of the --varlen cases (default 128)")
     parser.add_argument("--kv-heads", type=int, metavar="KV",
                         help="K/V heads of the --varlen cases (grouped-query; default: as many as --heads)")
-    parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="default f16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
     parser.add_argument("--warmup", type=int, default=10)
@@ -109,6 +117,9 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     args = build_parser().parse_args(list(argv))
     if args.iters < 1 or args.warmup < 0:
         raise BenchUsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.matrix == DECODE_MATRIX:
+        return _decode_config(args, argv)
+    args.dtype = args.dtype or "f16"
     shapes = [parse_shape(s) for s in args.shape]
     if args.matrix and (shapes or args.varlen):
         raise BenchUsageError("--matrix runs its own shapes; drop --shape and --varlen (or run without --matrix)")
@@ -126,6 +137,22 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
                        command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
+
+
+def _decode_config(args, argv: Sequence[str]) -> BenchConfig:
+    """`--matrix decode`: its own cases, dtype and implementations; only --iters, --warmup, --seed, --out and
+    --no-save apply."""
+    given = [flag for flag, value in (("--shape", args.shape), ("--varlen", args.varlen), ("--heads", args.heads),
+                                      ("--head-dim", args.head_dim), ("--kv-heads", args.kv_heads),
+                                      ("--dtype", args.dtype), ("--causal", args.causal), ("--split", args.split),
+                                      ("--peers", args.peers), ("--all-peers", args.all_peers))
+             if value not in (None, False, [])]
+    if given:
+        raise BenchUsageError(f"--matrix {DECODE_MATRIX} runs its own cases (bf16, full caches, no mask) with "
+                              f"{', '.join(DECODE_IMPLS)}; drop {', '.join(given)}")
+    return BenchConfig(mode=DECODE_MATRIX, cases=(), peers=DECODE_IMPLS, splits=(), iters=args.iters,
+                       warmup=args.warmup, seed=args.seed, out=None if args.no_save else args.out,
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=DECODE_MATRIX)
 
 
 def _varlen_cases(args) -> tuple[Case, ...]:

@@ -1,6 +1,6 @@
 """flashgen code generation: spec -> plan -> rendered CUDA source -> NVRTC cubin -> launch.
 
-`attention` and `prepare` (the tensor API, codegen.api) are imported on first use, so that the generator
+`attention`, `prepare` (the tensor API, codegen.api) and `attention_with_kvcache` (codegen.decode) are imported on first use, so that the generator
 itself never needs torch.
 """
 
@@ -12,4 +12,8 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "attention_with_kvcache":
+        from . import decode
+
+        return decode.attention_with_kvcache
     raise AttributeError(f"module 'codegen' has no attribute {name!r}")

@@ -26,7 +26,8 @@ class BuiltKernel:
     def manifest(self) -> dict:
         plan, spec = self.plan, self.plan.spec
         tensor_maps = {}
-        for name in (op for op in ("q", "k", "v", "o") if hasattr(plan, op)):  # the operands the kernel maps
+        operands = getattr(plan, "mapped_operands", ("q", "k", "v", "o"))
+        for name in (op for op in operands if hasattr(plan, op)):  # the operands the kernel maps
             described = getattr(plan, name).tensor_map.describe()
             if name in ("k", "v"):  # the recipe's S and H are the key length and K/V heads here
                 described["dims"] = [{"S": "S_k", "H": "H_kv"}.get(d, d) for d in described["dims"]]
@@ -52,11 +53,15 @@ class BuiltKernel:
 
     def grid_description(self) -> dict:
         spec, plan = self.spec, self.plan
+        if hasattr(plan, "grid_description"):  # a family with its own launch shape (decode)
+            return plan.grid_description()
         tiles_m = "ceil(max_seqlen_q / block_m)" if spec.varlen else "ceil(S / block_m) = %d" % plan.m_blocks
         return plan.abi.grid.describe(tiles_m, "sequences" if spec.varlen else "batch")
 
     def global_layout(self) -> str:
         spec = self.spec
+        if hasattr(self.plan, "global_layout"):
+            return self.plan.global_layout()
         if spec.varlen:
             return (f"q, o: (total_q, {spec.heads}, {spec.head_dim}); k, v: (total_k, {spec.kv_heads}, "
                     f"{spec.head_dim}), sequences packed back to back and each at most {spec.seq_len} queries and "

@@ -94,6 +94,41 @@ def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: fl
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
+def kvcache_reference(q, k_cache, v_cache, lengths, *, causal: bool = True, window=None, softcap: float = 0.0,
+                      scale: float | None = None, sinks=None, same_dtype: bool = False):
+    """Decode attention as `attention_with_kvcache` defines it, sequence by sequence: q (B, S_q, H, D) over the
+    first lengths[b] rows of the (B_cache, S_max, H_kv, D) caches (the new tokens already in them), query t at
+    position lengths[b] - S_q + t. Float64 (o, lse), or with same_dtype the flash-style computation in q's dtype
+    (the yardstick: products and softmax in float32, P and o rounded). `sinks` (H,) join each row's denominator;
+    lse includes them. A row that sees no key (and no sink) outputs 0 with lse -inf."""
+    import torch
+
+    batch, sq, heads, dim = q.shape
+    group = heads // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    work = torch.float32 if same_dtype else torch.float64
+    o = torch.zeros(batch, sq, heads, dim, dtype=work, device=q.device)
+    lse = torch.full((batch, heads, sq), float("-inf"), dtype=torch.float64, device=q.device)
+    for b, n in enumerate(lengths):
+        qb = q[b].transpose(0, 1).to(work)                                  # (H, S_q, D)
+        kb = k_cache[b, :n].transpose(0, 1).to(work).repeat_interleave(group, 0)  # (H, n, D)
+        vb = v_cache[b, :n].transpose(0, 1).to(work).repeat_interleave(group, 0)
+        scores = (qb @ kb.transpose(-1, -2)) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        keep = band_mask(sq, n, causal=causal, window=window, device=q.device)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.to(work)[:, None, None].expand(heads, sq, 1)], dim=-1)
+        lse[b] = torch.logsumexp(scores.double(), dim=-1)
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :n]
+        if same_dtype:
+            p = p.to(q.dtype).to(work)
+        o[b] = (p @ vb).transpose(0, 1)
+    return (o.to(q.dtype) if same_dtype else o), lse
+
+
 def sequences(cu_seqlens_q, cu_seqlens_k) -> list[tuple[slice, slice]]:
     """The (query rows, key rows) of each sequence of a packed variable-length batch."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

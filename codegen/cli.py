@@ -147,6 +147,9 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="local attention: keys in [i-LEFT, i+RIGHT] of query i's diagonal, -1 for unbounded: "
                              "--window 256,0 sees the 256 keys before each query, --window -1,0 masks as --causal")
     parser.add_argument("--softcap", type=float, default=0.0, metavar="X", help="cap scores at X*tanh(s/X)")
+    parser.add_argument("--decode", type=int, default=0, metavar="S_Q",
+                        help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
+                             "a KV cache; S in --shape is then the cache's capacity, a run-time value")
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
@@ -166,10 +169,26 @@ def _spec_from(args):
         raise SpecError(f"--window expects LEFT,RIGHT as integers (-1 for unbounded), got {args.window!r}") from None
     if len(window) != 2:
         raise SpecError(f"--window expects LEFT,RIGHT, two integers (-1 for unbounded), got {args.window!r}")
+    if getattr(args, "decode", 0):
+        return _decode_spec_from(args, h, d, window)
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
                               varlen=args.varlen))
+
+
+def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
+    from .families.decode_sm90 import DecodeSpec, resolve
+    from .spec import SpecError
+
+    if args.decode < 1:
+        raise SpecError(f"--decode expects the number of new tokens per sequence (>= 1), got {args.decode}")
+    for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen)):
+        if given:
+            raise SpecError(f"{flag} does not apply to the decode kernel (--decode)")
+    return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
+                              dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
+                              block_n=args.block_n, stages=args.stages, arch=args.arch))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -252,6 +271,10 @@ def generate_main(argv: list[str]) -> int:
         check_writable(out, "--out")
         if export is not None:
             check_destination(export, spec.name, force=args.force)
+        decode = bool(args.decode)
+        if decode and (args.run or export is not None):
+            raise CliError("--run and --export are not available for the decode kernel yet; run it with "
+                           "codegen.attention_with_kvcache or `gen.py bench --matrix decode`")
         if args.run:
             if spec.varlen:
                 raise CliError("--run times fixed-length batches; run a varlen batch with `gen.py bench --varlen "
@@ -259,7 +282,7 @@ def generate_main(argv: list[str]) -> int:
             _require_torch_gpu("--run")
         print(f"generating {spec.name}", flush=True)
         t0 = time.perf_counter()
-        built = build(spec, use_cache=not args.no_cache)
+        built = build(spec, use_cache=not args.no_cache, family="decode_sm90" if decode else None)
         files = {out / n: text for n, text in kernel_files(built).items()}
         bundle = {}
         if export is not None:

@@ -53,6 +53,11 @@ class LoadedKernel:
     dynamic_smem: int
     context: object  # the primary context of the device the module was loaded on
 
+    def __post_init__(self):
+        # The raw handles, for launches through libcuda's own entry points (codegen.launcher).
+        object.__setattr__(self, "function_handle", int(self.function))
+        object.__setattr__(self, "context_handle", int(self.context))
+
 
 def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -> LoadedKernel:
     check(cu.cuCtxSetCurrent(context(device_index)), "cuCtxSetCurrent")
@@ -61,6 +66,13 @@ def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -
     check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 dynamic_smem), "cuFuncSetAttribute(max dynamic shared memory)")
     return LoadedKernel(module, function, dynamic_smem, context(device_index))
+
+
+def sibling(kernel: LoadedKernel, kernel_name: str, dynamic_smem: int = 0) -> LoadedKernel:
+    """Another entry point of an already loaded module (a family whose source holds two kernels)."""
+    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
+    function = check(cu.cuModuleGetFunction(kernel.module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
+    return LoadedKernel(kernel.module, function, dynamic_smem, kernel.context)
 
 
 def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:

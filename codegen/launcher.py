@@ -96,11 +96,8 @@ class Launcher:
         self._loaded_maps = [None] * 4
         self._lse = holder["lse_out"]
         self._counter = holder.get("tile_counter")
-        self._gx, self._gy, self._gz = grid
         self._lock = threading.Lock()
         _load_driver_lib()
-        self._function = int(kernel.function)
-        self._context = int(kernel.context)
 
     def _map(self, op: str, address: int) -> bytes:
         cache = self._maps[op]
@@ -123,13 +120,19 @@ class Launcher:
             self._lse.value = lse
             if self.persistent:
                 self._counter.value = counter
-            if _lib_launch is None:
-                driver.launch(self.kernel, self.grid, self.block, stream, self._args)
-                return
-            _lib_set_ctx(self._context)
-            err = _lib_launch(self._function, self._gx, self._gy, self._gz, self.block, 1, 1, self.smem, stream,
-                              self._args.address, None)
-        if err:
-            from cuda.bindings import driver as cu
+            launch_now(self.kernel, self.grid, self.block, stream, self._args)
 
-            driver.check((cu.CUresult(err),), "cuLaunchKernel")
+
+def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args) -> None:
+    """cuLaunchKernel of a loaded kernel with packed arguments, straight through libcuda where it loads."""
+    _load_driver_lib()
+    if _lib_launch is None:
+        driver.launch(kernel, grid, block, stream, args)
+        return
+    _lib_set_ctx(kernel.context_handle)
+    err = _lib_launch(kernel.function_handle, grid[0], grid[1], grid[2], block, 1, 1, kernel.dynamic_smem, stream,
+                      args.address, None)
+    if err:
+        from cuda.bindings import driver as cu
+
+        driver.check((cu.CUresult(err),), "cuLaunchKernel")

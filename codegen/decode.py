@@ -1,0 +1,338 @@
+"""`attention_with_kvcache`: decode attention over a KV cache, every input checked before launch.
+
+Modelled on FlashAttention's `flash_attn_with_kvcache`. The kernel (codegen/families/decode_sm90) is specialized
+on heads, K/V heads, head dim, dtype, S_q and the masks; the cache's capacity, the batch, the lengths and the
+number of splits are run-time values. A call's launcher (its kernel, argument buffer, tensor maps, workspace)
+is made on the first call of a signature and found by a tuple of it afterwards, as `attention()` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections import OrderedDict
+
+from layouts import LayoutError
+from layouts.dtypes import BY_TORCH_NAME
+
+from . import build as _build
+from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
+from .families.decode_sm90 import DecodeSpec, resolve
+from .families.decode_sm90.plan import MAX_SPLITS
+from .families.fwd_sm90.abi import LOG2E
+from .spec import SpecError
+
+MAX_GRID_YZ = 65535
+MAPS_PER_CACHE = 4
+MAX_LAUNCHERS = 256
+_LAUNCHERS: dict = {}
+# A split should stream at least this many key blocks: below it the merge's reads outweigh what the split saves.
+MIN_BLOCKS_PER_SPLIT = 2
+SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
+FEW_TILES = 8          # tiles below sms / FEW_TILES leave most SMs idle
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
+                           causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
+                           softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
+                           out=None, check: bool = False, block_n: int = 0, stages: int = 0):
+    """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
+    B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device).
+
+    k_new, v_new (B, S_q, H_kv, D): written into the cache in place at rows cache_seqlens[b] .. + S_q - 1
+    first, and attended; cache_seqlens itself is not changed (advance it yourself, as with FlashAttention).
+    Query token t of a sequence of L keys (after the append) sits at position L - S_q + t: `causal` lets it
+    see keys up to its position, `window=(left, right)` (-1: unbounded) those within [position - left,
+    position + right]. `softcap` > 0 caps the scaled scores as softcap * tanh(scores / softcap). `sinks`, a
+    float32 (H,) tensor, adds exp(sinks[h]) to every row's softmax denominator (learned attention sinks);
+    the returned logsumexp (B, H, S_q, float32) includes it. `num_splits` (0: chosen from the batch, the K/V
+    heads, the cache's capacity and the SM count) cuts each tile's keys into that many CTAs, merged in the
+    kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
+
+    What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
+    is at most S_max. `check=True` copies cache_seqlens to the host and checks it (a synchronization).
+    """
+    _require_torch("codegen.attention_with_kvcache()")
+    import torch
+
+    key = None
+    try:
+        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
+               v_cache.dtype, q.device, k_cache.device, v_cache.device, cache_seqlens.shape, cache_seqlens.dtype,
+               cache_seqlens.device, None if k_new is None else (k_new.shape, k_new.stride(), v_new.stride()),
+               page_table is None, bool(causal), scale, None if window is None else tuple(window), float(softcap),
+               None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages)
+        launcher = _LAUNCHERS.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
+        key, launcher = None, None
+    if launcher is None:
+        launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
+                                  window, softcap, sinks, num_splits, block_n, stages)
+        if key is not None:
+            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
+                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
+            _LAUNCHERS[key] = launcher
+    tensors = (q, k_cache, v_cache) + (() if k_new is None else (k_new, v_new))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise InputError(NO_BACKWARD)
+    if any(t.data_ptr() % 16 for t in tensors) or (sinks is not None and sinks.data_ptr() % 4):
+        _check_alignment(tensors)
+    if check:
+        _check_lengths(cache_seqlens, k_cache.shape[1], 0 if k_new is None else q.shape[1])
+    if out is None:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        _check_out(out, q)
+        o = out
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
+    launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse)
+    return (o, lse) if return_lse else o
+
+
+def choose_splits(ctas: int, blocks: int, sms: int) -> int:
+    """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
+    "Decode"). Where the tiles leave most SMs idle (B=1: 8 CTAs), as many splits as one wave holds, each of
+    MIN_BLOCKS_PER_SPLIT blocks or more (8 at 2k keys was best of 4-16, 16 at 8k); otherwise the split merge
+    pays only on long caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at
+    2k, 1.07x against 1.00x for two; two at 32k)."""
+    if ctas >= sms:
+        return 1
+    if ctas * FEW_TILES <= sms:
+        return max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
+    return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
+
+
+class DecodeLauncher:
+    """One checked call signature's kernels, argument buffers, tensor maps and workspace (per stream)."""
+
+    def __init__(self, built, kernel, append_kernel, map_params, batch, splits, scale):
+        from . import driver
+
+        self.built, self.kernel, self.append_kernel = built, kernel, append_kernel
+        plan = built.plan
+        self.plan, self.map_params, self.batch, self.splits = plan, map_params, batch, splits
+        self.grid = plan.grid(batch, splits)
+        values = {p.name: 0 for p in plan.abi.params}
+        values.update(tmap_k=bytes(driver.TENSOR_MAP_BYTES), tmap_v=bytes(driver.TENSOR_MAP_BYTES), splits=splits,
+                      scale_log2=float(scale * LOG2E))
+        self._args = plan.abi.pack(values)
+        self._holder = dict(zip(plan.abi.names, self._args.holders))
+        self._append_args = plan.append_abi.pack({p.name: 0 for p in plan.append_abi.params})
+        self._append_holder = dict(zip(plan.append_abi.names, self._append_args.holders))
+        self._maps = {"k": OrderedDict(), "v": OrderedDict()}
+        self._loaded = {"k": None, "v": None}
+        self._workspace: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    def _map(self, op: str, address: int) -> bytes:
+        from . import driver
+
+        cache = self._maps[op]
+        encoded = cache.get(address)
+        if encoded is None:
+            encoded = cache[address] = driver.encode_tensor_map(self.map_params[op], address)
+            if len(cache) > MAPS_PER_CACHE:
+                cache.popitem(last=False)
+        return encoded
+
+    def _workspace_for(self, stream: int, device):
+        """(ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every launch, so
+        launches in order on one stream share them; another stream gets its own."""
+        ws = self._workspace.get(stream)
+        if ws is None:
+            import torch
+
+            tiles = self.batch * self.grid[1]
+            rows = tiles * max(self.splits, 1) * self.plan.block_m
+            split = self.splits > 1
+            ws = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
+                  torch.empty(rows if split else 0, dtype=torch.float32, device=device),
+                  torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
+            self._workspace[stream] = ws
+        return ws
+
+    def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse) -> None:
+        from .launcher import launch_now
+
+        ws_o, ws_lse, counter = self._workspace_for(stream, q.device)
+        e = q.element_size()
+        with self._lock:
+            h = self._holder
+            for op, cache in (("k", k_cache), ("v", v_cache)):
+                encoded = self._map(op, cache.data_ptr())
+                if self._loaded[op] is not encoded:
+                    import ctypes
+
+                    from . import driver
+
+                    ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
+                    self._loaded[op] = encoded
+            for name, t in (("q", q), ("o", o)):
+                h[f"{name}_gmem"].value = t.data_ptr()
+                h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
+                    t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+            h["lse_out"].value = 0 if lse is None else lse.data_ptr()
+            h["cache_seqlens"].value = cache_seqlens.data_ptr()
+            h["new_tokens"].value = 0 if k_new is None else q.shape[1]
+            h["sinks"].value = 0 if sinks is None else sinks.data_ptr()
+            h["ws_o"].value, h["ws_lse"].value, h["split_counter"].value = (
+                ws_o.data_ptr(), ws_lse.data_ptr(), counter.data_ptr())
+            if k_new is not None:
+                a = self._append_holder
+                for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
+                    a[f"{name}_gmem"].value = t.data_ptr()
+                    a[f"{name}_batch_bytes"].value, a[f"{name}_row_bytes"].value, a[f"{name}_head_bytes"].value = (
+                        t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+                a["cache_seqlens"].value = cache_seqlens.data_ptr()
+                launch_now(self.append_kernel, self.plan.append_grid(self.batch), self.plan.append_threads, stream,
+                           self._append_args)
+            launch_now(self.kernel, self.grid, self.plan.threads, stream, self._args)
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded(spec: DecodeSpec, device_index: int):
+    from . import driver
+    from .families.decode_sm90 import append_name
+
+    built = _build.build(spec, family="decode_sm90")
+    kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, built.plan.smem.total, device_index)
+    return built, kernel, driver.sibling(kernel, append_name(built.spec))
+
+
+def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
+                   sinks, num_splits, block_n, stages) -> DecodeLauncher:
+    """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
+    import torch
+
+    batch, q_len, heads, dim, kv_heads, capacity = _check_shapes(q, k_cache, v_cache, k_new, v_new)
+    if page_table is not None:
+        raise InputError("paged KV caches (page_table) are not generated yet; pass a dense (B_cache, S_max, H_kv, D) "
+                         "cache")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise InputError("cache_seqlens must be a 1-D torch.int32 tensor of the B sequence lengths, got "
+                         + (f"{cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}"
+                            if isinstance(cache_seqlens, torch.Tensor) else type(cache_seqlens).__name__))
+    if cache_seqlens.device != q.device:
+        raise InputError(f"cache_seqlens must be on q's device {q.device} (the kernel reads it there), got "
+                         f"{cache_seqlens.device}")
+    if cache_seqlens.shape[0] != batch:
+        raise InputError(f"cache_seqlens must hold one length per sequence ({batch}), got {cache_seqlens.shape[0]}")
+    if cache_seqlens.stride(0) != 1:
+        raise InputError("cache_seqlens must be contiguous; call .contiguous()")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads,):
+            raise InputError(f"sinks must be a float32 tensor of shape ({heads},) (one logit per query head), got "
+                             + (f"{sinks.dtype} of shape {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor)
+                                else type(sinks).__name__))
+        if sinks.device != q.device or sinks.stride(0) != 1:
+            raise InputError(f"sinks must be contiguous and on q's device {q.device}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(dim)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale must be a positive finite number, got {scale!r}")
+    if not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
+        raise InputError(f"num_splits must be 0 (chosen for the shape) or 1..{MAX_SPLITS}, got {num_splits!r}")
+    if q.device.type != "cuda":
+        raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
+    try:
+        arch = _device_arch(q.device)
+        if arch != "sm_90a":
+            raise InputError(f"the decode kernel is generated for sm_90a (H100/H200) only so far, not {arch}")
+        spec = resolve(DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
+                                  dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
+                                  window=tuple(window) if window else (-1, -1), softcap=float(softcap),
+                                  block_n=block_n, stages=stages))
+    except (SpecError, TypeError) as e:
+        raise InputError(str(e)) from None
+    built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
+    plan = built.plan
+    if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+        raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
+                         f"{MAX_GRID_YZ} limit")
+    blocks = -(-capacity // spec.block_n)
+    splits = num_splits or choose_splits(batch * plan.grid(batch, 1)[1], blocks, _sm_count(q.device.index or 0))
+    map_params = {}
+    for op, cache in (("k", k_cache), ("v", v_cache)):
+        e = cache.element_size()
+        strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]
+        try:
+            map_params[op] = getattr(plan, op).tensor_map.instantiate(
+                batch=cache.shape[0], seq_len=capacity, heads=kv_heads, stride_b=strides[0], stride_s=strides[1],
+                stride_h=strides[2])
+        except LayoutError as err:
+            raise InputError(f"{op}_cache: {err}") from None
+        del e
+    return DecodeLauncher(built, kernel, append_kernel, map_params, batch, splits, float(scale))
+
+
+def _check_shapes(q, k_cache, v_cache, k_new, v_new):
+    import torch
+
+    named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
+    if (k_new is None) != (v_new is None):
+        raise InputError("pass k_new and v_new together (or neither)")
+    if k_new is not None:
+        named += [("k_new", k_new), ("v_new", v_new)]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must have rank 4, got shape {tuple(t.shape)}")
+        if str(t.dtype).split(".")[-1] not in BY_TORCH_NAME:
+            raise InputError(f"{name} has dtype {t.dtype}; supported: " + ", ".join(f"torch.{d}" for d in BY_TORCH_NAME))
+        if t.dtype != q.dtype:
+            raise InputError(f"{name} has dtype {t.dtype}, q {q.dtype}: every tensor must share one dtype")
+        if t.device != q.device:
+            raise InputError(f"{name} is on {t.device}, q on {q.device}: every tensor must be on one device")
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}'s head dimension must be contiguous (stride 1); call .contiguous()")
+        for axis in range(3):
+            if t.shape[axis] > 1 and (t.stride(axis) * t.element_size()) % 16:
+                raise InputError(f"{name}.stride({axis}) = {t.stride(axis)} elements is not a multiple of 16 bytes")
+    batch, q_len, heads, dim = q.shape
+    b_cache, capacity, kv_heads, dim_k = k_cache.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise InputError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if dim_k != dim:
+        raise InputError(f"q's head dim {dim} and the cache's {dim_k} differ")
+    if min(batch, q_len, heads, capacity, kv_heads) < 1:
+        raise InputError(f"every dimension must be at least 1, got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    if b_cache < batch:
+        raise InputError(f"the cache holds {b_cache} sequences, q {batch}")
+    if heads % kv_heads:
+        raise InputError(f"q's {heads} heads must be a multiple of the cache's {kv_heads} K/V heads")
+    if k_new is not None:
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if tuple(t.shape) != (batch, q_len, kv_heads, dim):
+                raise InputError(f"{name} must be (B, S_q, H_kv, D) = {(batch, q_len, kv_heads, dim)}, got {tuple(t.shape)}")
+        if q_len > capacity:
+            raise InputError(f"{q_len} new tokens do not fit a cache of {capacity} rows")
+    if capacity >= 2**30:
+        raise InputError(f"a cache of {capacity} rows is over the kernel's 2**30-row coordinates")
+    return batch, q_len, heads, dim, kv_heads, capacity
+
+
+def _check_out(out, q) -> None:
+    import torch
+
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
+        raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}")
+    if out.stride(-1) != 1 or out.data_ptr() % 16 or any(
+            out.shape[a] > 1 and (out.stride(a) * out.element_size()) % 16 for a in range(3)):
+        raise InputError("out's head dimension must be contiguous, its other strides multiples of 16 bytes, and its "
+                         "data pointer 16-byte aligned")
+
+
+def _check_alignment(tensors) -> None:
+    for t in tensors:
+        if t.data_ptr() % 16:
+            raise InputError("every tensor's data pointer must be 16-byte aligned (a slice that starts mid-row is not)")
+
+
+def _check_lengths(cache_seqlens, capacity: int, new_tokens: int) -> None:
+    lengths = cache_seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if n < 0 or n + new_tokens > capacity:
+            raise InputError(f"sequence {b}: cache_seqlens {n}" + (f" + {new_tokens} new tokens" if new_tokens else "")
+                             + f" is outside the cache's 0..{capacity} rows")

@@ -1,0 +1,110 @@
+"""The decode attention kernel for sm_90a: a few new query tokens per sequence over a KV cache, with the query
+heads of a K/V head packed into one tile's rows, split-KV merged in the kernel, and an append kernel that
+writes the step's new keys and values into the cache (templates/decode_sm90/, plan.py, abi.py)."""
+
+from __future__ import annotations
+
+from layouts import fragments
+
+from codegen.abi import MBARRIER_BYTES
+
+from .. import Family
+from ..fwd_sm90 import describe_descriptors
+from . import abi as decode_abi
+from .plan import CONSUMER_REGS, PRODUCER_REGS, DecodeSpec, Plan, make_plan, resolve
+
+__all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
+
+TMA_COORD_PARAMS = ("row", "head", "batch")
+
+
+def append_name(spec: DecodeSpec) -> str:
+    return spec.name + "_append"
+
+
+def regenerate_command(spec: DecodeSpec) -> str:
+    s = spec
+    args = ["flashgen", "--shape", f"<S_max>,{s.heads},{s.head_dim}", "--kv-heads", str(s.kv_heads), "--decode",
+            str(s.q_len), "--dtype", s.dtype, "--block-n", str(s.block_n), "--stages", str(s.stages)]
+    if s.causal:
+        args.append("--causal")
+    if s.window != (-1, -1):
+        args += ["--window", ",".join(map(str, s.window))]
+    if s.softcap:
+        args += ["--softcap", repr(float(s.softcap))]
+    return " ".join(args) + "  (S_max, the batch, lengths and splits are run-time values)"
+
+
+def summary(plan: Plan) -> str:
+    s = plan.spec
+    return (f"{s.name}: decode, H={s.heads} over H_kv={s.kv_heads}, D={s.head_dim} {s.dtype}, S_q={s.q_len} "
+            f"({s.rows} packed rows, {plan.tiles_m} tile(s) of {plan.block_m}), "
+            f"{'causal' if s.causal else 'non-causal'}, {s.block_n}-key blocks, {s.stages} stages")
+
+
+def context(plan: Plan) -> dict:
+    s = plan.spec
+    fragments.check_accumulator_prefix(s.block_n)
+    fragments.check_accumulator_prefix(s.head_dim)
+    fragments.s_slice_is_a_operand(s.block_n)
+    import codegen
+
+    tma_tiles = [{"name": name, "verbs": ("load",), "rank": getattr(plan, name).tensor_map.rank,
+                  "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
+                  "coords": plan.origin_c(getattr(plan, name), TMA_COORD_PARAMS)} for name in ("k", "v")]
+    (tma_rank,) = {t["rank"] for t in tma_tiles}
+    left, right = plan.window_bounds
+    return {
+        "version": codegen.__version__,
+        "regenerate": regenerate_command(s),
+        "summary": summary(plan),
+        "kernel_name": s.name,
+        "append_name": append_name(s),
+        "ptx_type": s.dtype,
+        "heads": s.heads,
+        "group": s.group,
+        "q_len": s.q_len,
+        "rows": s.rows,
+        "head_dim": s.head_dim,
+        "block_n": s.block_n,
+        "block_m": plan.block_m,
+        "tiles_m": plan.tiles_m,
+        "stages": s.stages,
+        "consumers": plan.consumers,
+        "row_groups": plan.row_groups,
+        "key_groups": plan.key_groups,
+        "threads": plan.threads,
+        "append_threads": plan.append_threads,
+        "elem_bytes": s.elem_bytes,
+        "window_left": left,
+        "window_right": right,
+        "softcap_c": f"{float(s.softcap)!r}f",
+        "q_vector_elems": plan.q_vector_elems,
+        "v_vector_elems": plan.v_row_vector_elems,
+        "smem": plan.smem,
+        "smem_align": plan.smem_align,
+        "q_desc": plan.q.descriptors(),
+        "k_desc": plan.k.descriptors(),
+        "v_desc": plan.v.descriptors(),
+        "q_desc_fields": describe_descriptors(plan.q.descriptors()),
+        "k_desc_fields": describe_descriptors(plan.k.descriptors()),
+        "v_desc_fields": describe_descriptors(plan.v.descriptors()),
+        "k_trans": plan.k.mma_transpose,
+        "v_trans": plan.v.mma_transpose,
+        "q_offset_c": plan.q.formula_c,
+        "v_offset_c": plan.v.formula_c,
+        "desc_address_shift": plan.desc_address_shift,
+        "acc": fragments.wgmma_accumulator_c(),
+        "tma_rank": tma_rank,
+        "tma_tiles": tma_tiles,
+        "abi": plan.abi,
+        "append_abi": plan.append_abi,
+        "family_barriers": decode_abi.BARRIER_NAMES,
+        "mbarrier_bytes": MBARRIER_BYTES,
+        "producer_regs": PRODUCER_REGS,
+        "consumer_regs": CONSUMER_REGS,
+    }
+
+
+FAMILY = Family(name="decode_sm90", template="decode_sm90/kernel.cu.j2", resolve=resolve, make_plan=make_plan,
+                context=context, kernel_name=lambda spec: spec.name)

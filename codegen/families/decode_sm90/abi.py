@@ -1,0 +1,92 @@
+"""The decode sm_90a family's ABI: the attention kernel's and the append kernel's parameters, mbarriers and grids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codegen.abi import Barrier, BarrierMap, KernelABI, Pack, Param
+
+
+def _tensor(name: str, what: str, layout: str) -> tuple[Param, ...]:
+    """A (B, S, H, D) tensor read or written without a tensor map: its address and three byte strides."""
+    return (Param(f"{name}_gmem", "unsigned char* __restrict__", Pack.POINTER, f"{what}'s base address {layout}",
+                  f"static_cast<unsigned char*>({name})"),
+            Param(f"{name}_batch_bytes", "long long", Pack.I64, f"{what}'s batch stride in bytes", f"{name}_batch_bytes"),
+            Param(f"{name}_row_bytes", "long long", Pack.I64, f"{what}'s token stride in bytes", f"{name}_row_bytes"),
+            Param(f"{name}_head_bytes", "long long", Pack.I64, f"{what}'s head stride in bytes", f"{name}_head_bytes"))
+
+
+_PARAMS = (
+    Param("tmap_k", "TmaDesc", Pack.TENSOR_MAP, "CUtensorMap of the K cache (B_cache, S_max, H_kv, D)", "maps[0]"),
+    Param("tmap_v", "TmaDesc", Pack.TENSOR_MAP, "CUtensorMap of the V cache", "maps[1]"),
+    *_tensor("q", "q", "(B, S_q, H, D)"),
+    *_tensor("o", "o", "(B, S_q, H, D)"),
+    Param("lse_out", "float* __restrict__", Pack.POINTER,
+          "float (B, H, S_q) natural-log logsumexp (the sinks included); null: not written", "lse"),
+    Param("cache_seqlens", "const int* __restrict__", Pack.POINTER,
+          "int (B,): keys in each sequence's cache before this step's new tokens", "cache_seqlens"),
+    Param("new_tokens", "int", Pack.I32, "keys appended this step (S_q with k_new, else 0): sequence b attends "
+          "cache_seqlens[b] + new_tokens keys", "new_tokens"),
+    Param("sinks", "const float* __restrict__", Pack.POINTER,
+          "float (H,): a logit per query head joining every row's softmax denominator; null: none", "sinks"),
+    Param("splits", "int", Pack.I32, "CTAs sharing each tile's key blocks (1: no merge)", "splits"),
+    Param("ws_o", "float* __restrict__", Pack.POINTER,
+          "float (B, grid.y, splits, block_m, D): each split's normalized O (splits > 1)", "ws_o"),
+    Param("ws_lse", "float* __restrict__", Pack.POINTER, "float (B, grid.y, splits, block_m): each split's logsumexp",
+          "ws_lse"),
+    Param("split_counter", "int* __restrict__", Pack.POINTER,
+          "int (B, grid.y), zero before the launch and left zero: splits finished per tile", "split_counter"),
+    Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
+)
+
+_APPEND_PARAMS = (
+    *_tensor("k_new", "k_new", "(B, S_q, H_kv, D)"),
+    *_tensor("v_new", "v_new", "(B, S_q, H_kv, D)"),
+    *_tensor("k_cache", "the K cache", "(B_cache, S_max, H_kv, D)"),
+    *_tensor("v_cache", "the V cache", "(B_cache, S_max, H_kv, D)"),
+    Param("cache_seqlens", "const int* __restrict__", Pack.POINTER,
+          "int (B,): new token t of sequence b goes to cache row cache_seqlens[b] + t", "cache_seqlens"),
+)
+
+# Every mbarrier the family's kernels can have.
+BARRIER_NAMES = ("KFull", "VFull", "KEmpty", "VEmpty")
+
+
+@dataclass(frozen=True)
+class DecodeGrid:
+    """One CTA per (split, K/V head x row tile, sequence)."""
+
+    kv_heads: int
+    tiles_m: int
+
+    def dims(self, *, tiles_m: int, batch: int, sms: int = 0) -> tuple[int, int, int]:
+        del sms
+        return (tiles_m, self.kv_heads * self.tiles_m, batch)  # tiles_m: the splits (the launch's x)
+
+    def c_launch(self) -> tuple[str, str]:
+        return "", f"dim3(splits, {self.kv_heads * self.tiles_m}, batch)"
+
+    def describe(self, tiles_m: str, batches: str) -> dict:
+        return {"x": "splits", "y": f"K/V heads x row tiles = {self.kv_heads} x {self.tiles_m}", "z": batches}
+
+
+@dataclass(frozen=True)
+class AppendGrid:
+    kv_heads: int
+
+    def describe(self, tiles_m: str, batches: str) -> dict:
+        return {"x": "S_q (new tokens)", "y": f"K/V heads = {self.kv_heads}", "z": batches}
+
+
+def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int) -> KernelABI:
+    barriers = BarrierMap((
+        Barrier("KFull", stages, 1, "K of a ring slot has landed"),
+        Barrier("VFull", stages, 1, "V of a ring slot has landed"),
+        Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),
+        Barrier("VEmpty", stages, consumer_warps, "every consumer warp's PV has read the V slot"),
+    ))
+    return KernelABI(_PARAMS, barriers, DecodeGrid(kv_heads, tiles_m))
+
+
+def append_abi(*, kv_heads: int) -> KernelABI:
+    return KernelABI(_APPEND_PARAMS, BarrierMap(()), AppendGrid(kv_heads))

@@ -1,0 +1,312 @@
+"""The decode sm_90a family's spec and plan: attention of a few new query tokens over a KV cache.
+
+Decode reads every cached key and value once per step and does little arithmetic on them, so the kernel is
+built for bandwidth: the query heads that share a K/V head and the S_q new tokens are packed into one tile's
+rows (row r is token r // group of query head head_kv * group + r % group), so each K/V byte is loaded once for
+all of them; each CTA streams one split of the cache's key blocks through a TMA ring; splits of one tile are
+merged in the kernel by whichever CTA finishes last. The spec holds what changes the source (heads, head dim,
+dtype, S_q, page size, masks); the cache's capacity, the batch, the lengths (`cache_seqlens`, on the device)
+and the number of splits are run-time values, so no length ever compiles a new kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from functools import cached_property
+
+import layouts
+
+from codegen.abi import KernelABI
+from codegen.spec import MMA_K, ROWS_PER_CONSUMER, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SpecError
+
+from ..common import descriptor_address_shift, tma_origin_c
+from .abi import append_abi, kernel_abi
+
+ARCHS = ("sm_90a",)
+THREADS_PER_WARPGROUP = 128
+WARPS_PER_WARPGROUP = 4
+MAX_CONSUMERS = 2  # warpgroups of 64 rows; a tile holds up to 128 packed rows
+PRODUCER_REGS, CONSUMER_REGS = 24, 240  # setmaxnreg split with two consumers (as the forward family's)
+SMEM_LIMIT = 227 * 1024
+SMEM_ALIGN_SLACK = 1024
+MBARRIER_ALIGN = 8
+MIN_STAGES, MAX_STAGES = 2, 8
+# Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
+# (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
+DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
+PAGE_SIZES = (0,)  # 0: a dense cache (paged caches: not yet)
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_len: int = 1        # new query tokens per sequence (S_q)
+    dtype: str = "bf16"
+    causal: bool = True   # among the new tokens: query t sees the cache and new tokens up to its own position
+    window: tuple[int, int] = (-1, -1)  # (left, right) keys around each query's position; -1: unbounded
+    softcap: float = 0.0
+    page_size: int = 0
+    block_n: int = 0      # 0: DEFAULT_BLOCK_N
+    stages: int = 0       # 0: as many as fit
+    arch: str = "sm_90a"
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise SpecError(message)
+
+        need(self.arch in ARCHS, f"the decode kernel is written for {ARCHS}, not {self.arch!r}")
+        need(isinstance(self.heads, int) and self.heads >= 1, f"heads must be a positive integer, got {self.heads!r}")
+        need(isinstance(self.kv_heads, int) and self.kv_heads >= 1 and self.heads % self.kv_heads == 0,
+             f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads!r} (grouped-query attention)")
+        need(self.head_dim in SUPPORTED_HEAD_DIMS,
+             f"head_dim {self.head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+        need(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of "
+             f"{', '.join(SUPPORTED_DTYPES)}")
+        need(isinstance(self.q_len, int) and self.q_len >= 1, f"q_len (S_q) must be a positive integer, got {self.q_len!r}")
+        need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
+             f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
+        need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
+        need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: the decode kernel reads dense caches only "
+             "so far (page_size 0); paged caches are not yet generated")
+        need(self.block_n == 0 or (self.block_n % MMA_K == 0 and 64 <= self.block_n <= 256),
+             f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
+        need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
+             f"stages must be {MIN_STAGES}..{MAX_STAGES} (0: as many as fit), got {self.stages}")
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Packed query rows of one (sequence, K/V head): every token of every query head of the group."""
+        return self.group * self.q_len
+
+    @property
+    def elem_bytes(self) -> int:
+        return SUPPORTED_DTYPES[self.dtype]
+
+    @property
+    def name(self) -> str:
+        extras = "" if self.window == (-1, -1) else "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
+        if self.softcap:
+            extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
+        if self.page_size:
+            extras += f"_page{self.page_size}"
+        return (f"flashgen_decode_{self.arch}_h{self.heads}_kvh{self.kv_heads}_d{self.head_dim}_{self.dtype}"
+                f"_q{self.q_len}_{'causal' if self.causal else 'full'}_n{self.block_n or 'auto'}"
+                f"_st{self.stages or 'auto'}{extras}")
+
+    def replace(self, **changes) -> "DecodeSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["window"] = list(self.window)
+        return d
+
+
+@dataclass(frozen=True)
+class SmemMap:
+    q_offset: int
+    q_bytes: int   # one consumer's 64-row Q tile
+    k_offset: int
+    k_bytes: int   # one ring slot
+    v_offset: int
+    v_bytes: int
+    bar_offset: int
+    flag_offset: int  # one int: whether this CTA merges its tile's splits
+    total: int
+
+
+@functools.lru_cache(maxsize=256)
+def resolve(spec: DecodeSpec) -> DecodeSpec:
+    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
+    spec = spec.replace(block_n=block_n)
+    # With two key groups, block j goes to group j % 2 and sits in slot j % stages: an even ring gives each group
+    # slots of its own. An odd one would have a group wait on a slot's next phase while the other group's block
+    # before it is still landing, and pass on the older phase of the same parity (a ring of 3 faulted so).
+    step = Plan(spec).key_groups
+    if spec.stages % step:
+        raise SpecError(f"{spec.name}: with {step} key groups the ring's stages must be a multiple of {step}")
+    if not spec.stages:
+        fitting = [n for n in range(MIN_STAGES, MAX_STAGES + 1, step) if Plan(spec.replace(stages=n)).fits]
+        if not fitting:
+            raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
+                            "use a smaller block_n")
+        spec = spec.replace(stages=max(fitting))
+    Plan(spec).smem  # raises the shared-memory error for an explicit stage count
+    return spec
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: DecodeSpec
+
+    @property
+    def row_groups(self) -> int:
+        """Consumer warpgroups that own 64 packed rows each: two where a tile has more than 64 rows."""
+        return min(MAX_CONSUMERS, -(-self.spec.rows // ROWS_PER_CONSUMER))
+
+    @property
+    def key_groups(self) -> int:
+        """Consumer warpgroups that share the rows and take alternate key blocks: two where the rows fit one
+        warpgroup, so two blocks' QK, softmax and PV are in flight at once (one consumer alone kept the loads
+        at 3.9-4.0 TB/s whatever the ring depth: bench/LOG.md, "Decode")."""
+        return MAX_CONSUMERS // self.row_groups
+
+    @property
+    def consumers(self) -> int:
+        return self.row_groups * self.key_groups
+
+    @property
+    def block_m(self) -> int:
+        return self.row_groups * ROWS_PER_CONSUMER
+
+    @property
+    def tiles_m(self) -> int:
+        """Row tiles per (sequence, K/V head): more than one where S_q x group exceeds 128 (chunked prefill)."""
+        return -(-self.spec.rows // self.block_m)
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * THREADS_PER_WARPGROUP
+
+    @cached_property
+    def q(self) -> layouts.OperandDerivation:
+        return _derive("q", self.spec.arch, self.spec.head_dim, ROWS_PER_CONSUMER, self.spec.dtype)
+
+    @cached_property
+    def k(self) -> layouts.OperandDerivation:
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+
+    @cached_property
+    def v(self) -> layouts.OperandDerivation:
+        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+
+    @cached_property
+    def abi(self) -> KernelABI:
+        # A ring slot is read by every row group's warpgroup, and by one key group's.
+        return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
+                          kv_heads=self.spec.kv_heads, tiles_m=self.tiles_m)
+
+    @cached_property
+    def append_abi(self) -> KernelABI:
+        return append_abi(kv_heads=self.spec.kv_heads)
+
+    @property
+    def append_threads(self) -> int:
+        """One thread per 16 bytes of a new token's K (and V) row."""
+        return self.spec.head_dim * self.spec.elem_bytes // 16
+
+    @property
+    def window_bounds(self) -> tuple[int, int]:
+        left, right = self.spec.window
+        return left, 0 if self.spec.causal else right
+
+    @property
+    def smem_align(self) -> int:
+        return max(op.smem_align for op in (self.q, self.k, self.v))
+
+    @property
+    def fits(self) -> bool:
+        try:
+            return self.smem.total <= SMEM_LIMIT
+        except SpecError:
+            return False
+
+    @cached_property
+    def smem(self) -> SmemMap:
+        s = self.spec
+        offset, placed = 0, {}
+        for name, op, count in (("q", self.q, self.row_groups), ("k", self.k, s.stages), ("v", self.v, s.stages)):
+            offset = _align(offset, op.smem_align)
+            placed[name] = offset
+            offset += count * op.smem_bytes
+        bar_offset = _align(offset, MBARRIER_ALIGN)
+        flag_offset = bar_offset + self.abi.barriers.bytes
+        total = flag_offset + 8 + SMEM_ALIGN_SLACK
+        if total > SMEM_LIMIT:
+            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; use "
+                            "fewer stages or a smaller block_n")
+        rings = s.stages * (self.k.smem_bytes + self.v.smem_bytes)
+        assert placed["v"] == placed["k"] + s.stages * self.k.smem_bytes, "the K and V rings must be adjacent"
+        if self.key_groups > 1 and self.exchange_bytes > rings:
+            raise SpecError(f"{s.name}: the key groups' exchange of {self.exchange_bytes} bytes does not fit the "
+                            f"{rings}-byte K/V rings")
+        return SmemMap(placed["q"], self.q.smem_bytes, placed["k"], self.k.smem_bytes, placed["v"], self.v.smem_bytes,
+                       bar_offset, flag_offset, total)
+
+    @property
+    def exchange_bytes(self) -> int:
+        """Where key groups merge: the second's O fragment and two logsumexps per thread, over the idle K/V rings."""
+        return THREADS_PER_WARPGROUP * (self.spec.head_dim // 2 + 2) * 4
+
+    @property
+    def q_vector_elems(self) -> int:
+        """Elements of a Q row a thread moves from global to shared memory at once (16 bytes, where the
+        swizzled tile keeps them contiguous)."""
+        run = self.q.layout.contiguous_run("k", self.q.elem_bytes)
+        elems = min(run, 16 // self.q.elem_bytes)
+        if elems * self.q.elem_bytes != 16:
+            raise SpecError(f"the Q tile keeps only {run} elements contiguous; the packed-row load needs 16 bytes")
+        return elems
+
+    @property
+    def v_row_vector_elems(self) -> int:
+        """Elements of a V row zeroed at once past a sequence's end (garbage there could be NaN, and 0 * NaN is
+        NaN in P V)."""
+        run = self.v.layout.contiguous_run("n", self.v.elem_bytes)
+        elems = min(run, 16 // self.v.elem_bytes)
+        if elems * self.v.elem_bytes != 16:
+            raise SpecError(f"the V tile keeps only {run} elements contiguous; the tail zeroing needs 16 bytes")
+        return elems
+
+    def origin_c(self, operand, names: tuple[str, str, str]) -> str:
+        """The tile's tensor-map coordinates as C. The cache's capacity is a run-time tensor-map dimension, so
+        only a map whose coordinates do not depend on it (one row per key) can serve."""
+        if operand.tensor_map.kind != "row_tiles":
+            raise SpecError(f"the {operand.operand} map's coordinates depend on the sequence length; decode needs "
+                            "row tiles")
+        return tma_origin_c(operand, names, seq_len=8)
+
+    @cached_property
+    def desc_address_shift(self) -> int:
+        return descriptor_address_shift((self.q, self.k, self.v))
+
+    mapped_operands = ("k", "v")  # q and o are read and written without tensor maps
+
+    def grid_description(self) -> dict:
+        return self.abi.grid.describe("splits", "batch")
+
+    def global_layout(self) -> str:
+        s = self.spec
+        return (f"q, o: (B, {s.q_len}, {s.heads}, {s.head_dim}); k_cache, v_cache: (B_cache >= B, S_max, {s.kv_heads}, "
+                f"{s.head_dim}), any 16-byte strides with the head dim contiguous; cache_seqlens: int32 (B,); "
+                f"lse: (B, {s.heads}, {s.q_len}) float32; workspace: float (B, grid.y, splits, {self.block_m}, "
+                f"{s.head_dim} + 1) and int (B, grid.y) when splits > 1")
+
+    def grid(self, batch: int, splits: int) -> tuple[int, int, int]:
+        return self.abi.grid.dims(tiles_m=splits, batch=batch)
+
+    def append_grid(self, batch: int) -> tuple[int, int, int]:
+        return (self.spec.q_len, self.spec.kv_heads, batch)
+
+
+@functools.lru_cache(maxsize=256)
+def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
+    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+
+
+def make_plan(spec: DecodeSpec) -> Plan:
+    return Plan(resolve(spec))
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a

@@ -1,0 +1,132 @@
+"""attention_with_kvcache on the GPU against float64 (skipped with a reason where there is no GPU).
+
+Every cache row past a sequence's length holds NaN, so a kernel that reads (or multiplies by) a key it should
+not see fails; outputs are poisoned with NaN before each call; o is held to 2x the same-dtype yardstick's
+error, globally and on its worst row (check.accuracy_failure), and lse elementwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+from codegen import check  # noqa: E402
+from codegen.api import InputError  # noqa: E402
+from codegen.decode import attention_with_kvcache  # noqa: E402
+
+TINY = 1e-6
+
+
+def make_cache(batch, capacity, kv_heads, dim, lengths, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.randn(batch, capacity, kv_heads, dim, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(batch, capacity, kv_heads, dim, device="cuda", dtype=dtype, generator=g)
+    for b, n in enumerate(lengths):  # what no query may see
+        k[b, n:] = float("nan")
+        v[b, n:] = float("nan")
+    return k, v
+
+
+def run_and_check(q, k, v, lengths, *, causal=True, window=None, softcap=0.0, sinks=None, num_splits=0,
+                  k_new=None, v_new=None):
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = attention_with_kvcache(q, k, v, seqlens, k_new=k_new, v_new=v_new, causal=causal, window=window,
+                                    softcap=softcap, sinks=sinks, return_lse=True, num_splits=num_splits, out=out,
+                                    check=True)
+    assert o.data_ptr() == out.data_ptr()
+    attended = [n + (0 if k_new is None else q.shape[1]) for n in lengths]
+    options = dict(causal=causal, window=window, softcap=softcap, sinks=sinks)
+    ref, ref_lse = check.kvcache_reference(q, k, v, attended, **options)
+    yardstick, _ = check.kvcache_reference(q, k, v, attended, same_dtype=True, **options)
+    assert not torch.isnan(o).any(), check.worst_element(o.double(), ref)
+    failure = check.accuracy_failure(o, ref, yardstick, floor=TINY)
+    assert failure is None, failure
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen), "lse is finite exactly where a row sees a key or a sink"
+    assert (lse.double()[seen] - ref_lse[seen]).abs().max().item() < 2e-3
+    return o
+
+
+CASES = [
+    # batch, S_q, H, H_kv, D, dtype, lengths (ragged: 0, 1, block edges, the whole cache)
+    (4, 1, 32, 8, 128, torch.bfloat16, [0, 1, 128, 1000]),
+    (3, 1, 8, 8, 64, torch.float16, [129, 777, 1000]),
+    (2, 4, 32, 8, 128, torch.bfloat16, [127, 1000]),
+    (2, 16, 64, 8, 128, torch.bfloat16, [256, 999]),    # 128 packed rows: two consumers
+    (2, 3, 8, 1, 256, torch.bfloat16, [5, 1000]),       # multi-query, D=256
+    (1, 40, 16, 4, 96, torch.float16, [900]),           # 160 rows: two row tiles (chunked prefill)
+    (2, 2, 12, 4, 192, torch.bfloat16, [64, 513]),
+]
+
+
+@pytest.mark.parametrize("batch, sq, heads, kv_heads, dim, dtype, lengths", CASES)
+@pytest.mark.parametrize("num_splits", [1, 0, 7])
+def test_decode_matches_float64(batch, sq, heads, kv_heads, dim, dtype, lengths, num_splits):
+    k, v = make_cache(batch, 1000, kv_heads, dim, lengths, dtype)
+    q = torch.randn(batch, sq, heads, dim, device="cuda", dtype=dtype)
+    run_and_check(q, k, v, lengths, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1)), dict(window=(0, 0)),
+                                     dict(softcap=30.0), dict(window=(300, -1), softcap=10.0)])
+def test_decode_masks_and_softcap(options):
+    lengths = [1, 300, 640, 1000]
+    k, v = make_cache(4, 1000, 4, 128, lengths, torch.bfloat16, seed=1)
+    q = torch.randn(4, 8, 16, 128, device="cuda", dtype=torch.bfloat16)
+    for splits in (1, 5):
+        run_and_check(q, k, v, lengths, num_splits=splits, **options)
+
+
+def test_decode_sinks_join_the_denominator():
+    lengths = [0, 50, 1000]
+    k, v = make_cache(3, 1000, 8, 128, lengths, torch.bfloat16, seed=2)
+    q = torch.randn(3, 2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(32, device="cuda", dtype=torch.float32) * 2
+    for splits in (1, 4):
+        o = run_and_check(q, k, v, lengths, sinks=sinks, num_splits=splits)
+        assert o[0].abs().max().item() == 0.0  # no key: the sink takes all the weight
+
+
+@pytest.mark.parametrize("new", [1, 5, 16])
+def test_append_writes_the_new_tokens_and_nothing_else(new):
+    lengths = [0, 100, 1000 - new]
+    k, v = make_cache(3, 1000, 8, 128, lengths, torch.bfloat16, seed=3)
+    q = torch.randn(3, new, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(3, new, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn_like(k_new)
+    before_k, before_v = k.clone(), v.clone()
+    run_and_check(q, k, v, lengths, k_new=k_new, v_new=v_new, num_splits=3)
+    for b, n in enumerate(lengths):
+        assert torch.equal(k[b, n:n + new], k_new[b]) and torch.equal(v[b, n:n + new], v_new[b])
+        before_k[b, n:n + new], before_v[b, n:n + new] = k_new[b], v_new[b]
+    # Bitwise (NaN rows included): nothing else in either cache changed.
+    assert torch.equal(k.view(torch.int16), before_k.view(torch.int16))
+    assert torch.equal(v.view(torch.int16), before_v.view(torch.int16))
+
+
+def test_every_split_count_up_to_the_blocks_agrees():
+    lengths = [1000, 517]
+    k, v = make_cache(2, 1000, 8, 128, lengths, torch.bfloat16, seed=4)
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    for splits in (1, 2, 3, 8, 16, 128):  # 128: most splits see no block at all
+        run_and_check(q, k, v, lengths, num_splits=splits)
+
+
+def test_repeated_calls_reuse_the_launcher():
+    lengths = [700, 1000]
+    k, v = make_cache(2, 1000, 8, 128, lengths, torch.bfloat16, seed=5)
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        run_and_check(q, k, v, lengths, num_splits=4)
+
+
+def test_lengths_past_the_capacity_are_refused_with_check():
+    k, v = make_cache(1, 256, 8, 128, [256], torch.bfloat16)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="outside the cache"):
+        attention_with_kvcache(q, k, v, torch.tensor([257], dtype=torch.int32, device="cuda"), check=True)
