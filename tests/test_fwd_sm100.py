@@ -41,6 +41,37 @@ def test_compiles_to_tcgen05_without_spills(arch, case):
     assert manifest["family"] == "fwd_sm100" and list(manifest["tensor_maps"]) == ["q", "k", "v"]
 
 
+def _tmem_load_groups(ptx: str) -> list[tuple[int, int]]:
+    """Per tcgen05.wait::ld of the PTX (in text order): the tcgen05.ld issued since the previous wait, and the
+    ex2 between the last of them and this wait (exponentials computed while the load is in flight)."""
+    groups = []
+    for segment in ptx.split("tcgen05.wait::ld")[:-1]:
+        loads = segment.count("tcgen05.ld.")
+        if loads:
+            groups.append((loads, segment[segment.rfind("tcgen05.ld."):].count("ex2.approx")))
+    return groups
+
+
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+@pytest.mark.parametrize("head_dim, block_n, budget, together", [(128, 128, None, 4), (64, 224, None, 7),
+                                                                   (128, 128, 64, 2), (96, 96, 32, 1)])
+def test_softmax_s_loads_overlap_as_the_seeds_v50(monkeypatch, arch, head_dim, block_n, budget, together):
+    """The row-max pass issues the S loads of a whole row (or the plan's register budget) before one wait; the
+    exponential pass computes chunk c with chunk c + 1's load in flight. Either way, no spills."""
+    from codegen.families import fwd_sm100
+
+    if budget:
+        monkeypatch.setattr(fwd_sm100, "MAX_PASS_COLUMNS", budget)
+    built = build(KernelSpec(seq_len=1024, heads=8, head_dim=head_dim, block_n=block_n, arch=arch))
+    assert built.plan.max_pass_chunks == together and f"kMaxPassChunks = {together};" in built.rendered.source
+    name = built.rendered.kernel_name
+    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+    groups = _tmem_load_groups(built.compiled.ptx)
+    assert max(loads for loads, _ in groups) == together
+    # The double-buffered load: a whole chunk's exponentials (32 keys) between a load and its wait.
+    assert any(loads == 1 and ex2 >= fwd_sm100.TMEM_CHUNK for loads, ex2 in groups)
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(window=(128, 0)), "window"), (dict(softcap=30.0), "softcap"), (dict(varlen=True), "varlen"),
     (dict(seq_len_k=300), "groups of 8"), (dict(block_n=80), "32-column chunks")])

@@ -3,13 +3,15 @@
 Persistent CTAs (one per SM, no 2-CTA cluster) walk the 128-row query tiles round robin. Warp 0 issues TMA loads of Q and of K/V into a ring; warp 1
 allocates tensor memory and one of its threads issues every tcgen05.mma: S = Q K^T (SS) into one of two TMEM S
 buffers, then O += P V (TS: A = P from TMEM over that S, B = V MN-major by the seed's 5-D map); warps 2-5 are the
-softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter, rescaling
-O in TMEM only when the row max grew, writing P over S and, at the end, normalizing O into global memory.
+softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter (the row
+max from loads issued together and waited for once, the exponentials with the next chunk's load in flight: the
+seed's V50), rescaling O in TMEM only when the row max grew, writing P over S and, at the end, normalizing O into
+global memory.
 The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/test_fwd_sm100.py).
 
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
 same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
-each chunk once its part of P is written. Not yet: a dynamic tile scheduler, double-buffered S loads,
+each chunk once its part of P is written. Not yet: a dynamic tile scheduler,
 windows, softcap, varlen; `resolve` refuses them with the reason.
 """
 
@@ -40,6 +42,10 @@ SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MAX_STAGES = 6  # the seed's ring depth, where shared memory allows (codegen.spec.MAX_STAGES_BY_ARCH)
 TMEM_CHUNK = 32
+# The most S columns a softmax thread loads before one tcgen05.wait::ld in the row-max pass, a register each.
+# Measured (NVRTC 13.0, both archs): the whole row fits at every block_n KernelSpec allows here, up to 224 at
+# D=64 (255 registers, no spills; block_n 128 takes 175).
+MAX_PASS_COLUMNS = 224
 O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
 
 _PARAMS = (
@@ -162,6 +168,12 @@ class Plan:
     def grid(self, batch: int, max_seqlen_q=None, sms: int = 0) -> tuple[int, int, int]:
         return self.abi.grid.dims(tiles_m=self.m_blocks, batch=batch)
 
+    @property
+    def max_pass_chunks(self) -> int:
+        """S chunks the row-max pass loads before one wait: the most that divide the row within MAX_PASS_COLUMNS."""
+        chunks = self.spec.block_n // TMEM_CHUNK
+        return max(g for g in range(1, chunks + 1) if chunks % g == 0 and g * TMEM_CHUNK <= MAX_PASS_COLUMNS)
+
     def origin_c(self, operand, names):
         return tma_origin_c(operand, names, self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len)
 
@@ -195,6 +207,7 @@ def context(plan: Plan) -> dict:
         # MMA starts on the first chunk while the softmax still converts the rest.
         "pv_chunks": [(sum(s.pv_split[:c]) // MMA_K, sum(s.pv_split[:c + 1]) // MMA_K) for c in range(len(s.pv_split))],
         "tmem_chunk": TMEM_CHUNK,
+        "max_pass_chunks": plan.max_pass_chunks,
         "o_vector_elems": O_VECTOR_BYTES // s.elem_bytes,
         "elem_bytes": s.elem_bytes,
         "abi": plan.abi, "mbarrier_bytes": MBARRIER_BYTES,
