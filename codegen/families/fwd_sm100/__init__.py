@@ -11,8 +11,9 @@ The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/tes
 
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
 same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
-each chunk once its part of P is written. Not yet: a dynamic tile scheduler,
-windows, softcap, varlen; `resolve` refuses them with the reason.
+each chunk once its part of P is written; causal, sliding windows (left and right, bottom-right aligned, the
+key blocks outside a tile's band skipped) and softcap as the Hopper kernel has them. Not yet: a dynamic tile
+scheduler, varlen; `resolve` refuses them with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI, Pa
 from codegen.spec import MMA_K, KernelSpec, SpecError
 
 from .. import Family
-from ..common import descriptor_address_shift, tma_origin_c
+from ..common import descriptor_address_shift, normalized_window, tma_origin_c, window_bounds
 from ..fwd_sm90 import tma_tiles
 from ..fwd_sm90.abi import LOG2E
 
@@ -65,8 +66,7 @@ _PARAMS = (
 def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in ARCHS:
         raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
-    unsupported = [name for name, on in (("window", spec.window != (-1, -1)), ("softcap", bool(spec.softcap)),
-                                         ("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
+    unsupported = [name for name, on in (("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
                                          ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
@@ -81,7 +81,7 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         raise SpecError(f"pv_split {split}: the chunks must add up to block_n {block_n} and be multiples of "
                         f"{TMEM_CHUNK} keys (the softmax writes P {TMEM_CHUNK} keys at a time)")
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
-                        persistent=True, tile_overlap=None)
+                        window=normalized_window(spec), persistent=True, tile_overlap=None)
     if not spec.stages:
         fitting = [n for n in range(2, MAX_STAGES + 1) if Plan(spec.replace(stages=n)).smem_total <= SMEM_LIMIT]
         spec = spec.replace(stages=max(fitting, default=2))
@@ -169,6 +169,22 @@ class Plan:
         return self.abi.grid.dims(tiles_m=self.m_blocks, batch=batch)
 
     @property
+    def window_bounds(self) -> tuple[int, int]:
+        return window_bounds(self.spec)
+
+    def kv_range(self, m_block: int) -> tuple[int, int]:
+        """The key blocks query tile m_block visits, (first, count), as the kernel's kv_range computes them:
+        from the block of the tile's first row's left bound to that of its last row's right bound; count 0 where
+        no row of the tile sees a key."""
+        s, (left, right) = self.spec, self.window_bounds
+        row_lo, row_hi = m_block * TILE_M, min((m_block + 1) * TILE_M, s.seq_len) - 1
+        diagonal = s.keys - s.seq_len
+        key_lo = 0 if left < 0 else max(0, row_lo + diagonal - left)
+        key_hi = s.keys - 1 if right < 0 else min(s.keys - 1, row_hi + diagonal + right)
+        first = key_lo // s.block_n
+        return first, 0 if key_hi < key_lo else key_hi // s.block_n + 1 - first
+
+    @property
     def max_pass_chunks(self) -> int:
         """S chunks the row-max pass loads before one wait: the most that divide the row within MAX_PASS_COLUMNS."""
         chunks = self.spec.block_n // TMEM_CHUNK
@@ -185,16 +201,19 @@ def context(plan: Plan) -> dict:
     qk = tcgen05.InstrDescriptor(m=TILE_M, n=s.block_n, ab_type=s.dtype, a_major=plan.q.mma_major,
                                  b_major=plan.k.mma_major)
     pv = tcgen05.InstrDescriptor(m=TILE_M, n=s.head_dim, ab_type=s.dtype, a_major="K", b_major=plan.v.mma_major)
-    causal_right = 0 if s.causal else -1
     return {
         "summary": (f"{s.name}: S={s.seq_len} S_k={s.keys} H={s.heads} H_kv={s.kv_heads} D={s.head_dim} {s.dtype} "
-                    f"{'causal' if s.causal else 'non-causal'}, block {TILE_M}x{s.block_n}, {s.stages} stages"),
+                    f"{'causal' if s.causal else 'non-causal'}"
+                    + (f", window {s.window}" if s.window != (-1, -1) else "")
+                    + (f", softcap {s.softcap:g}" if s.softcap else "")
+                    + f", block {TILE_M}x{s.block_n}, {s.stages} stages"),
         "kernel_name": s.name,
         "arch": s.arch,
         "ptx_type": s.dtype,
         "seq_len": s.seq_len, "seq_len_k": s.keys, "heads": s.heads, "group": s.group,
         "head_dim": s.head_dim, "block_m": TILE_M, "block_n": s.block_n, "stages": s.stages,
-        "window_right": causal_right,
+        "window_left": plan.window_bounds[0], "window_right": plan.window_bounds[1],
+        "softcap_c": f"{float(s.softcap)!r}f",
         "threads": THREADS, "softmax_warp0": SOFTMAX_WARP0,
         "smem": plan.smem, "smem_align": plan.smem_align,
         "q_bytes": plan.q.smem_bytes, "k_bytes": plan.k.smem_bytes, "v_bytes": plan.v.smem_bytes,
