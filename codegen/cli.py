@@ -143,16 +143,34 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--kv-heads", type=int, default=0, metavar="N",
                         help="K/V heads for grouped-query attention (default: the query heads)")
     parser.add_argument("--seq-k", type=int, default=0, metavar="N", help="key/value length (default: S)")
-    parser.add_argument("--window", default="", metavar="LEFT,RIGHT",
-                        help="local attention: keys in [i-LEFT, i+RIGHT] of query i's diagonal, -1 for unbounded: "
-                             "--window 256,0 sees the 256 keys before each query, --window -1,0 masks as --causal")
-    parser.add_argument("--softcap", type=float, default=0.0, metavar="X", help="cap scores at X*tanh(s/X)")
+    window_arguments(parser)
     parser.add_argument("--decode", type=int, default=0, metavar="S_Q",
                         help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
                              "a KV cache; S in --shape is then the cache's capacity, a run-time value")
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
+
+
+def window_arguments(parser: argparse.ArgumentParser) -> None:
+    """--window and --softcap (the generator's and `simulate`'s; parse_window reads --window)."""
+    parser.add_argument("--window", default="", metavar="LEFT,RIGHT",
+                        help="local attention: keys in [i-LEFT, i+RIGHT] of query i's diagonal, -1 for unbounded: "
+                             "--window 256,0 sees the 256 keys before each query, --window -1,0 masks as --causal")
+    parser.add_argument("--softcap", type=float, default=0.0, metavar="X", help="cap scores at X*tanh(s/X)")
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """--window's LEFT,RIGHT; '' is unbounded, (-1, -1)."""
+    from .spec import SpecError
+
+    try:
+        window = tuple(int(x) for x in text.split(",")) if text else (-1, -1)
+    except ValueError:
+        raise SpecError(f"--window expects LEFT,RIGHT as integers (-1 for unbounded), got {text!r}") from None
+    if len(window) != 2:
+        raise SpecError(f"--window expects LEFT,RIGHT, two integers (-1 for unbounded), got {text!r}")
+    return window
 
 
 def _spec_from(args):
@@ -163,12 +181,7 @@ def _spec_from(args):
         s, h, d = (int(x) for x in args.shape.split(","))
     except ValueError:
         raise SpecError(f"--shape expects S,H,D as three integers, got {args.shape!r}") from None
-    try:
-        window = tuple(int(x) for x in args.window.split(",")) if args.window else (-1, -1)
-    except ValueError:
-        raise SpecError(f"--window expects LEFT,RIGHT as integers (-1 for unbounded), got {args.window!r}") from None
-    if len(window) != 2:
-        raise SpecError(f"--window expects LEFT,RIGHT, two integers (-1 for unbounded), got {args.window!r}")
+    window = parse_window(args.window)
     if getattr(args, "decode", 0):
         return _decode_spec_from(args, h, d, window)
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,

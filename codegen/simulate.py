@@ -7,12 +7,16 @@ each tile into shared-memory bytes through the derived tensor maps (V by the see
 descriptor model (layouts.mma.mma_read_byte) reads every operand element as tcgen05.mma would, through the
 derived descriptors; a TMEM model (128 lanes x 512 columns of 32-bit cells) holds S, P packed over S and O at the
 derived column plan (layouts.tcgen05); the online softmax, the conditional rescale of O and the buffer order follow
-the Blackwell forward kernel (codegen/families/fwd_sm100: ring slot j % stages, TMEM S buffer j % 2). The output is compared with float64 attention, within twice the error of the same
+the Blackwell forward kernel (codegen/families/fwd_sm100: the tile's key blocks from the plan's kv_range, ring
+slot G % stages and TMEM S buffer G % 2 for its G-th block, the band mask of causal and sliding windows, the
+soft cap with the row max capped once). One query tile is simulated, by default the last (the one a left window
+starts latest). The output is compared with float64 attention, within twice the error of the same
 computation done directly in the inputs' dtype (no layouts): a layout, descriptor, box or TMEM column that is
 wrong moves elements and fails by far more.
 
 Injected faults show the model can fail: the seed's wrong V formula (`n_vec ^ (k & 6)`, V staged by it instead
-of by TMA), P written one 16-key slice off in TMEM, and the seed's 4-D V box.
+of by TMA), P written one 16-key slice off in TMEM, the seed's 4-D V box, and a window's left bound one key too
+wide.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from layouts.tma import TensorMapParams, place_box
 from .families import fwd_sm100
 from .spec import MMA_K, KernelSpec
 
-FAULTS = ("seed_v_formula", "p_column", "v_box_4d")
+FAULTS = ("seed_v_formula", "p_column", "v_box_4d", "window_off_by_one")
 LOG2E = 1.4426950408889634
 
 
@@ -78,6 +82,7 @@ class SimResult:
     worst_row_err: float
     worst_row_yardstick: float
     fault: str | None
+    tile: int = 0
 
     @property
     def ok(self) -> bool:
@@ -87,7 +92,10 @@ class SimResult:
     def summary(self) -> str:
         s = self.spec
         fault = f", fault injected: {self.fault}" if self.fault else ""
-        return (f"simulate {s.arch} S_k={s.keys} D={s.head_dim} {s.dtype} block_n={s.block_n}{fault}: rel err "
+        mask = "".join((" causal" if s.causal else "", f" window={s.window}" if s.window != (-1, -1) else "",
+                        f" softcap={s.softcap:g}" if s.softcap else ""))
+        return (f"simulate {s.arch} S_k={s.keys} D={s.head_dim} {s.dtype} block_n={s.block_n}{mask} tile {self.tile}"
+                f"{fault}: rel err "
                 f"{self.rel_err:.3e} (same-dtype computation {self.yardstick:.3e}), worst row {self.worst_row_err:.3e} "
                 f"({self.worst_row_yardstick:.3e}): {'PASS' if self.ok else 'FAIL'}")
 
@@ -119,37 +127,63 @@ def _place_by_formula(machine: Machine, c_formula: str, values_bits: np.ndarray,
     machine.smem[offset + 1] = (values_bits >> 8).astype(np.uint8)
 
 
-def _reference(q, k, v, scale):
+def band_keep(queries: int, keys: int, bounds: tuple[int, int]) -> np.ndarray:
+    """(queries, keys) bool: the keys each query sees, bottom-right aligned, from the window's definition
+    (codegen.check.band_mask's rule; not the kernel's kv_range or its per-row band)."""
+    left, right = bounds
+    offset = np.arange(keys)[None, :] - np.arange(queries)[:, None] - (keys - queries)
+    keep = np.ones((queries, keys), dtype=bool)
+    if right >= 0:
+        keep &= offset <= right
+    if left >= 0:
+        keep &= offset >= -left
+    return keep
+
+
+def _reference(q, k, v, scale, keep, softcap):
     scores = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
-    p = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
+    scores = np.where(keep, scores, -np.inf)
+    top = scores.max(axis=1, keepdims=True)
+    p = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = p.sum(axis=1, keepdims=True)
+    return (p / np.where(total > 0, total, 1)) @ v.astype(np.float64)  # a row that sees no key: 0
 
 
-def _same_dtype(q, k, v, scale, dtype):
+def _same_dtype(q, k, v, scale, keep, softcap, dtype):
     """The flash computation with no layouts: f32 products, P rounded to the dtype before PV."""
-    s = (q @ k.T).astype(np.float32)
+    s = (q @ k.T).astype(np.float32) * np.float32(scale)
+    if softcap:
+        s = (np.float32(softcap) * np.tanh(s / np.float32(softcap))).astype(np.float32)
+    s = np.where(keep, s, -np.inf).astype(np.float32)
     m = s.max(axis=1, keepdims=True)
-    p = np.exp2((s - m) * np.float32(scale * LOG2E)).astype(np.float32)
+    p = np.exp2((s - np.where(np.isfinite(m), m, 0)) * np.float32(LOG2E)).astype(np.float32)
     pr = from_bits(to_bits(p, dtype), dtype)
-    return (pr @ v) / p.sum(axis=1, keepdims=True)
+    total = p.sum(axis=1, keepdims=True)
+    return (pr @ v) / np.where(total > 0, total, 1)
 
 
-def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None) -> SimResult:
-    """One 128-row query tile over every key block of `spec` (batch 1, one head)."""
+def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None, tile: int = -1) -> SimResult:
+    """One 128-row query tile of `spec` (batch 1, one head; `tile` counts from the end when negative) over the
+    key blocks the kernel visits for it."""
     with np.errstate(invalid="ignore", over="ignore"):  # an injected fault may turn P's bits into NaN
-        return _simulate(spec, seed_value, fault)
+        return _simulate(spec, seed_value, fault, tile)
 
 
-def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult:
+def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int) -> SimResult:
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
     plan = fwd_sm100.Plan(fwd_sm100.resolve(spec.replace(seq_len=max(spec.seq_len, fwd_sm100.TILE_M))))
     s = plan.spec
     d, bn, dtype, e = s.head_dim, s.block_n, s.dtype, s.elem_bytes
-    rows, keys = fwd_sm100.TILE_M, s.keys
+    rows, queries, keys = fwd_sm100.TILE_M, s.seq_len, s.keys
+    if not -plan.m_blocks <= tile < plan.m_blocks:
+        raise ValueError(f"tile {tile}: the queries make {plan.m_blocks} tiles of {rows} rows")
+    m_block = tile % plan.m_blocks
     rng = np.random.default_rng(seed_value)
     tensors = {name: from_bits(to_bits(rng.standard_normal((n, d)).astype(np.float32), dtype), dtype)
-               for name, n in (("q", rows), ("k", keys), ("v", keys))}
+               for name, n in (("q", queries), ("k", keys), ("v", keys))}
     # Global memory: q, k, v back to back, (S, 1 head, D) contiguous, 16-byte aligned.
     base, offset = {}, 0
     for name, t in tensors.items():
@@ -169,21 +203,30 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult
         return getattr(plan, op).tensor_map.instantiate(batch=1, seq_len=seq, heads=1, stride_b=seq * d, stride_s=d,
                                                        stride_h=d, base_address=base[op])
 
-    machine.tma_load(params("q", rows), plan.q.tensor_map.box_origin(batch_index=0, seq_start=0, head=0,
-                                                                     seq_len=rows), q_tile)
+    machine.tma_load(params("q", queries), plan.q.tensor_map.box_origin(batch_index=0, seq_start=m_block * rows,
+                                                                        head=0, seq_len=queries), q_tile)
     tm = plan.tmem
     o_col = tm.regions[-1].first_column
     p_shift = MMA_K * e // 4 if fault == "p_column" else 0  # the fault: P written one slice past where it is read
     scale_log2 = np.float32(LOG2E / math.sqrt(d))
+    # The soft cap's factors in and out of the tanh, in units of s (the kernel's Softcap).
+    cap_in = np.float32(scale_log2 * np.float32(math.log(2)) / np.float32(s.softcap)) if s.softcap else None
+    cap_out = np.float32(1) / cap_in if s.softcap else None
+    # Each row's band [lo, hi] (the kernel's Band): the window's bounds from the row's diagonal, cut to the keys.
+    left, right = plan.window_bounds
+    diagonal = m_block * rows + np.arange(rows) + keys - queries
+    band_lo = diagonal - left - (fault == "window_off_by_one") if left >= 0 else np.zeros(rows, dtype=np.int64)
+    band_hi = np.minimum(keys - 1, diagonal + right) if right >= 0 else np.full(rows, keys - 1)
     row_max = np.full(rows, -np.inf, dtype=np.float32)
     row_sum = np.zeros(rows, dtype=np.float32)
-    machine.tmem[:, o_col:o_col + d] = 0
+    machine.tmem[:, o_col:o_col + d] = 0x7FC00000  # NaN, as if a previous tile's O were there: the first PV overwrites
     packed_per_slice = MMA_K * e // 4
-    for j in range(-(-keys // bn)):
-        # The forward kernel's buffers for block j: ring slot j % stages, TMEM S buffer j % 2 (P over it).
-        k_tile = smem_base + plan.smem.k + (j % s.stages) * plan.k.smem_bytes
-        v_tile = smem_base + plan.smem.v + (j % s.stages) * plan.v.smem_bytes
-        s_col = p_col = tm.regions[j % 2].first_column
+    kv_first, n_kv = plan.kv_range(m_block)
+    for G, j in enumerate(range(kv_first, kv_first + n_kv)):
+        # The forward kernel's buffers for its G-th block: ring slot G % stages, TMEM S buffer G % 2 (P over it).
+        k_tile = smem_base + plan.smem.k + (G % s.stages) * plan.k.smem_bytes
+        v_tile = smem_base + plan.smem.v + (G % s.stages) * plan.v.smem_bytes
+        s_col = p_col = tm.regions[G % 2].first_column
         p_write_col = p_col + p_shift
         k_params = params("k", keys)
         machine.tma_load(k_params, plan.k.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0, seq_len=keys),
@@ -205,22 +248,29 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult
         for kk in range(d // MMA_K):
             s_block += _operand(machine, plan.q, q_tile, kk, rows) @ _operand(machine, plan.k, k_tile, kk, bn).T
         machine.tmem[:, s_col:s_col + bn] = s_block.view(np.uint32)
-        # Softmax warps: S from TMEM, mask keys past the end, new max, conditional rescale of O, P over S.
+        # Softmax warps: S from TMEM, keys outside the row's band masked, the new max (the cap of the raw max),
+        # the conditional rescale of O (not before the tile's first PV), P over S.
         s_read = machine.tmem[:, s_col:s_col + bn].view(np.float32).copy()
-        s_read[:, max(0, keys - j * bn):] = -np.inf
-        new_max = np.maximum(row_max, s_read.max(axis=1))
-        alpha = np.exp2((row_max - new_max) * scale_log2).astype(np.float32)
-        if np.any(alpha != 1.0):  # the seed rescales O only when some row's max grew
+        key = j * bn + np.arange(bn)
+        inside = (key[None, :] >= band_lo[:, None]) & (key[None, :] <= band_hi[:, None])
+        block_max = np.where(inside, s_read, -np.inf).max(axis=1)
+        if s.softcap:
+            block_max = np.where(block_max == -np.inf, block_max, cap_out * np.tanh(block_max * cap_in))
+            s_read = (cap_out * np.tanh(s_read * cap_in)).astype(np.float32)
+        new_max = np.maximum(row_max, block_max).astype(np.float32)
+        scaled_max = np.where(new_max == -np.inf, 0, new_max * scale_log2).astype(np.float32)
+        alpha = np.exp2(row_max * scale_log2 - scaled_max).astype(np.float32)
+        if G > 0 and np.any(alpha != 1.0):  # the seed rescales O only when some row's max grew
             o = machine.tmem[:, o_col:o_col + d].view(np.float32) * alpha[:, None]
             machine.tmem[:, o_col:o_col + d] = o.astype(np.float32).view(np.uint32)
         row_max = new_max
-        p = np.exp2(s_read * scale_log2 - (row_max * scale_log2)[:, None]).astype(np.float32)
+        p = np.where(inside, np.exp2(s_read * scale_log2 - scaled_max[:, None]), 0).astype(np.float32)
         row_sum = row_sum * alpha + p.sum(axis=1, dtype=np.float32)
         p_bits = to_bits(p, dtype).astype(np.uint32)
         packed = p_bits[:, 0::2] | (p_bits[:, 1::2] << 16)  # key 2c in the low half, 2c + 1 in the high
         machine.tmem[:, p_write_col:p_write_col + bn // 2] = packed[:, :machine.tmem.shape[1] - p_write_col]
         # O += P V, TS form: A = P from TMEM (K-major, 16 keys = packed_per_slice columns), B = V by descriptor.
-        o = machine.tmem[:, o_col:o_col + d].view(np.float32).copy()
+        o = machine.tmem[:, o_col:o_col + d].view(np.float32).copy() if G > 0 else np.zeros((rows, d), np.float32)
         for kk in range(bn // MMA_K):
             cols = machine.tmem[:, p_col + kk * packed_per_slice:p_col + (kk + 1) * packed_per_slice]
             a = np.empty((rows, MMA_K), dtype=np.float32)
@@ -229,11 +279,16 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None) -> SimResult
             b = _operand(machine, plan.v, v_tile, kk, d)  # (n, k): element (head col n, key k)
             o += a @ b.T
         machine.tmem[:, o_col:o_col + d] = o.view(np.uint32)
-    out = machine.tmem[:, o_col:o_col + d].view(np.float32) / row_sum[:, None]
-    q, k, v = tensors["q"], tensors["k"], tensors["v"]
-    ref = _reference(q, k, v, 1 / math.sqrt(d))
-    same = _same_dtype(q, k, v, 1 / math.sqrt(d), dtype)
-    return SimResult(s, _rel(out, ref), _rel(same, ref), _worst_row(out, ref), _worst_row(same, ref), fault)
+    # O / sum, 0 for a row that saw no key (and for a tile without key blocks, whose O the kernel never reads).
+    o = machine.tmem[:, o_col:o_col + d].view(np.float32) if n_kv else np.zeros((rows, d), np.float32)
+    out = o * np.where(row_sum > 0, 1 / np.where(row_sum > 0, row_sum, 1), 0)[:, None]
+    valid = slice(m_block * rows, min((m_block + 1) * rows, queries))  # rows past S_q are computed, never stored
+    q, k, v = tensors["q"][valid], tensors["k"], tensors["v"]
+    keep = band_keep(queries, keys, plan.window_bounds)[valid]
+    ref = _reference(q, k, v, 1 / math.sqrt(d), keep, s.softcap)
+    same = _same_dtype(q, k, v, 1 / math.sqrt(d), keep, s.softcap, dtype)
+    out = out[:valid.stop - valid.start]
+    return SimResult(s, _rel(out, ref), _rel(same, ref), _worst_row(out, ref), _worst_row(same, ref), fault, m_block)
 
 
 def simulate_main(argv: list[str]) -> int:
@@ -243,6 +298,8 @@ def simulate_main(argv: list[str]) -> int:
 
     from layouts.dtypes import DTYPE_NAMES
 
+    from .cli import join_signed_values, parse_window, window_arguments
+
     parser = argparse.ArgumentParser(prog="gen.py simulate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="1024,1,128", metavar="S,H,D",
@@ -250,15 +307,21 @@ def simulate_main(argv: list[str]) -> int:
     parser.add_argument("--arch", default="sm_103a", choices=fwd_sm100.ARCHS)
     parser.add_argument("--dtype", default="f16", choices=DTYPE_NAMES)
     parser.add_argument("--block-n", type=int, default=0, help="keys per block (default: the policy's)")
+    parser.add_argument("--causal", action="store_true")
+    window_arguments(parser)
+    parser.add_argument("--tile", type=int, default=-1,
+                        help="the query tile to simulate, negative from the end (default -1: the last)")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed")
     parser.add_argument("--inject-seed-bug", action="store_true",
                         help="stage V by the seed's wrong formula (n_vec ^ (k & 6)); must end in FAIL")
     parser.add_argument("--fault", choices=FAULTS, help="inject one fault by name (seed_v_formula is --inject-seed-bug)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_signed_values(argv))
     try:
         s, h, d = (int(x) for x in args.shape.split(","))
-        spec = KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, arch=args.arch, block_n=args.block_n)
-        result = simulate(spec, seed_value=args.seed, fault="seed_v_formula" if args.inject_seed_bug else args.fault)
+        spec = KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, arch=args.arch, block_n=args.block_n,
+                          causal=args.causal, window=parse_window(args.window), softcap=args.softcap)
+        result = simulate(spec, seed_value=args.seed, fault="seed_v_formula" if args.inject_seed_bug else args.fault,
+                          tile=args.tile)
     except ValueError as e:  # SpecError, LayoutError, a malformed --shape
         print(f"error: {e}", file=sys.stderr)
         return 2

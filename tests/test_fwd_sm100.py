@@ -18,7 +18,13 @@ CASES = [dict(seq_len=1024, heads=8, head_dim=128, dtype="bf16"),
          dict(seq_len=1000, heads=8, head_dim=64, dtype="f16", causal=True),
          dict(seq_len=300, heads=8, head_dim=96, dtype="f16", seq_len_k=1024, kv_heads=2, causal=True),
          dict(seq_len=2048, heads=4, head_dim=192, dtype="bf16"),
-         dict(seq_len=512, heads=4, head_dim=256, dtype="bf16", kv_heads=1)]
+         dict(seq_len=512, heads=4, head_dim=256, dtype="bf16", kv_heads=1),
+         # Sliding windows (a left bound skips the key blocks before a tile's band) and the soft cap.
+         dict(seq_len=1024, heads=8, head_dim=128, dtype="bf16", window=(256, 0)),
+         dict(seq_len=1000, heads=8, head_dim=64, dtype="f16", window=(100, 37), softcap=30.0),
+         dict(seq_len=300, heads=8, head_dim=96, dtype="f16", seq_len_k=1024, kv_heads=2, causal=True, window=(64, 5)),
+         dict(seq_len=2048, heads=4, head_dim=192, dtype="bf16", softcap=50.0),
+         dict(seq_len=512, heads=4, head_dim=256, dtype="bf16", window=(-1, 16), softcap=20.0)]
 
 
 @pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
@@ -27,7 +33,8 @@ def test_compiles_to_tcgen05_without_spills(arch, case):
     built = build(KernelSpec(arch=arch, **case))
     assert built.family.name == "fwd_sm100"
     plan, source, name = built.plan, built.rendered.source, built.rendered.kernel_name
-    ops = sass.opcode_counts(sass.disassemble(built.compiled.cubin))
+    text = sass.disassemble(built.compiled.cubin)
+    ops, mufu = sass.opcode_counts(text), sass.opcode_counts(text, modifiers=True)
     assert ops["UTCHMMA"] > 0 and ops["LDTM"] > 0 and ops["STTM"] > 0 and ops["UTMALDG"] >= 3
     assert ops["HGMMA"] == 0 and ops["HMMA"] == 0 and ops["LDL"] == 0 and ops["STL"] == 0
     assert built.compiled.spill_stores.get(name, 0) == 0
@@ -37,12 +44,48 @@ def test_compiles_to_tcgen05_without_spills(arch, case):
     assert f"kQkIdesc = 0x{InstrDescriptor(m=128, n=s.block_n, ab_type=s.dtype).encode():08x}u" in source
     assert f"kPvIdesc = 0x{InstrDescriptor(m=128, n=s.head_dim, ab_type=s.dtype, b_major='MN').encode():08x}u" in source
     assert plan.smem.total <= 227 * 1024 and "NOT YET RUN ON A GPU" in source
+    left, right = s.window[0], 0 if s.causal else s.window[1]
+    assert f"kWindowLeft = {left}, kWindowRight = {right};" in source
+    assert f"kSoftcap = {float(s.softcap)!r}f;" in source
+    # The cap is tanh.approx on every score of the exponential pass (MUFU.TANH), and absent without one.
+    assert (mufu["MUFU.TANH"] >= 32) == bool(s.softcap) and mufu["MUFU.EX2"] >= 32
     manifest = built.manifest()
     assert manifest["family"] == "fwd_sm100" and list(manifest["tensor_maps"]) == ["q", "k", "v"]
 
 
+def _tmem_load_groups(ptx: str) -> list[tuple[int, int]]:
+    """Per tcgen05.wait::ld of the PTX (in text order): the tcgen05.ld issued since the previous wait, and the
+    ex2 between the last of them and this wait (exponentials computed while the load is in flight)."""
+    groups = []
+    for segment in ptx.split("tcgen05.wait::ld")[:-1]:
+        loads = segment.count("tcgen05.ld.")
+        if loads:
+            groups.append((loads, segment[segment.rfind("tcgen05.ld."):].count("ex2.approx")))
+    return groups
+
+
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+@pytest.mark.parametrize("head_dim, block_n, budget, together", [(128, 128, None, 4), (64, 224, None, 7),
+                                                                   (128, 128, 64, 2), (96, 96, 32, 1)])
+def test_softmax_s_loads_overlap_as_the_seeds_v50(monkeypatch, arch, head_dim, block_n, budget, together):
+    """The row-max pass issues the S loads of a whole row (or the plan's register budget) before one wait; the
+    exponential pass computes chunk c with chunk c + 1's load in flight. Either way, no spills."""
+    from codegen.families import fwd_sm100
+
+    if budget:
+        monkeypatch.setattr(fwd_sm100, "MAX_PASS_COLUMNS", budget)
+    built = build(KernelSpec(seq_len=1024, heads=8, head_dim=head_dim, block_n=block_n, arch=arch))
+    assert built.plan.max_pass_chunks == together and f"kMaxPassChunks = {together};" in built.rendered.source
+    name = built.rendered.kernel_name
+    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+    groups = _tmem_load_groups(built.compiled.ptx)
+    assert max(loads for loads, _ in groups) == together
+    # The double-buffered load: a whole chunk's exponentials (32 keys) between a load and its wait.
+    assert any(loads == 1 and ex2 >= fwd_sm100.TMEM_CHUNK for loads, ex2 in groups)
+
+
 @pytest.mark.parametrize("options, message", [
-    (dict(window=(128, 0)), "window"), (dict(softcap=30.0), "softcap"), (dict(varlen=True), "varlen"),
+    (dict(varlen=True), "varlen"), (dict(persistent=False), "one CTA per tile"),
     (dict(seq_len_k=300), "groups of 8"), (dict(block_n=80), "32-column chunks")])
 def test_unsupported_options_are_refused(options, message):
     with pytest.raises(SpecError, match=message):
@@ -57,6 +100,23 @@ def test_the_barrier_protocol_cannot_deadlock_alias_or_overrun(stages):
         # A persistent CTA's tiles, some without keys (a causal tile above the diagonal), across the ring.
         for tiles in ([1, 0, 3], [0, 0, 2, 0], [stages, 1, 2 * stages + 1], [3, 3, 3, 3]):
             protocol.check(stages, tiles, chunks=chunks, schedules=20, seed=len(tiles))
+
+
+@pytest.mark.parametrize("options", [dict(window=(100, 0)), dict(window=(0, 0), block_n=64),
+                                     dict(seq_len=2048, seq_len_k=1024, causal=True, window=(40, 0))], ids=str)
+def test_the_protocol_holds_over_windowed_tiles(options):
+    """Under a window a tile's key blocks start later (kv_first > 0) and some tiles have none; the protocol counts
+    blocks across the CTA's tiles (G), not by key position, so each CTA's real list of block counts is checked."""
+    spec = families.resolve(KernelSpec(**{"seq_len": 1024, "heads": 2, "head_dim": 64, "arch": "sm_103a", **options}))
+    plan = families.make_plan(spec)
+    tiles_m, ctas = plan.m_blocks, 3
+    ranges = [plan.kv_range(tiles_m - 1 - idx % tiles_m) for idx in range(tiles_m * spec.heads)]  # Tiles::take
+    assert any(first > 0 for first, count in ranges if count)
+    if spec.keys < spec.seq_len:
+        assert any(count == 0 for _, count in ranges)
+    for cta in range(ctas):
+        protocol.check(spec.stages, [count for _, count in ranges[cta::ctas]], chunks=len(spec.pv_split),
+                       schedules=20, seed=cta)
 
 
 @pytest.mark.parametrize("drop, message", [

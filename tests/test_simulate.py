@@ -1,6 +1,6 @@
 """The CPU model of a Blackwell tile (codegen/simulate.py): the derived layouts carry attention to within the
-same-dtype error, and each injected fault (the seed's wrong V formula, P one slice off in TMEM, the seed's 4-D
-V box) fails (CPU only)."""
+same-dtype error, with and without windows and the soft cap, and each injected fault (the seed's wrong V formula,
+P one slice off in TMEM, the seed's 4-D V box, a window bound off by one) fails (CPU only)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def test_the_derived_path_carries_attention(arch, keys, head_dim, dtype):
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_every_injected_fault_fails(fault):
-    result = simulate(KernelSpec(seq_len=1024, heads=1, head_dim=128, dtype="f16", arch="sm_103a"), fault=fault)
+    window = (64, 0) if fault == "window_off_by_one" else (-1, -1)  # a left bound to be off by one
+    result = simulate(KernelSpec(seq_len=1024, heads=1, head_dim=128, dtype="f16", arch="sm_103a", window=window),
+                      fault=fault)
     assert not result.ok and result.summary().endswith("FAIL"), result.summary()
 
 
@@ -51,3 +53,63 @@ def test_gen_py_simulate_is_a_subcommand():
     bad = subprocess.run([sys.executable, "gen.py", "simulate", "--shape", "256,1,64", "--inject-seed-bug"], cwd=root,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stdout.strip().endswith("FAIL"), bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+@pytest.mark.parametrize("keys, head_dim, dtype, options", [
+    (1024, 128, "f16", dict(window=(256, 0))),
+    # Left bound 16 at the last tile: its first block (keys 768..895) is empty for rows 912 on.
+    (1024, 128, "bf16", dict(window=(16, 0))),
+    (1000, 64, "f16", dict(window=(100, 37), softcap=30.0)),
+    (520, 96, "bf16", dict(causal=True, softcap=5.0)),
+    (512, 256, "bf16", dict(window=(-1, 8), softcap=20.0)),
+    (304, 192, "f16", dict(window=(0, 0))),
+])
+def test_windows_and_softcap_carry_attention(arch, keys, head_dim, dtype, options):
+    spec = KernelSpec(seq_len=keys, heads=1, head_dim=head_dim, dtype=dtype, arch=arch, **options)
+    result = simulate(spec)
+    assert result.ok, result.summary()
+
+
+def test_a_left_window_starts_the_tile_at_a_later_block_with_empty_rows():
+    """The shape of the case above: the last tile's key blocks start past 0, and some of its rows see no key of
+    that first block (their running max stays -inf through it)."""
+    from codegen.families import fwd_sm100
+
+    plan = fwd_sm100.Plan(fwd_sm100.resolve(KernelSpec(seq_len=1024, heads=1, head_dim=128, arch="sm_103a",
+                                                       window=(16, 0))))
+    first, count = plan.kv_range(plan.m_blocks - 1)
+    assert (first, count) == (6, 2)
+    last_row = plan.m_blocks * 128 - 1
+    assert last_row - 16 > (first + 1) * plan.spec.block_n - 1  # the last row's band misses block `first`
+    assert simulate(plan.spec).ok and simulate(plan.spec, tile=0).ok
+
+
+@pytest.mark.parametrize("options", [dict(window=(16, 0)), dict(window=(100, 3), softcap=30.0)], ids=str)
+def test_a_window_bound_off_by_one_fails(options):
+    spec = KernelSpec(seq_len=1024, heads=1, head_dim=128, dtype="f16", arch="sm_103a", **options)
+    result = simulate(spec, fault="window_off_by_one")
+    assert not result.ok and result.summary().endswith("FAIL"), result.summary()
+
+
+def test_the_reference_band_is_the_hopper_tests_band():
+    torch = pytest.importorskip("torch")
+    from codegen.check import band_mask
+    from codegen.simulate import band_keep
+
+    for sq, sk, causal, window in ((300, 1024, True, (64, 5)), (1024, 300, False, (16, 0)), (128, 128, False, (-1, 3)),
+                                   (200, 200, True, (-1, -1))):
+        right = 0 if causal else window[1]
+        expected = band_mask(sq, sk, causal=causal, window=window, device="cpu")
+        expected = torch.ones(sq, sk, dtype=torch.bool) if expected is None else expected
+        assert (band_keep(sq, sk, (window[0], right)) == expected.numpy()).all()
+
+
+def test_the_cli_takes_window_and_softcap(capsys):
+    assert simulate_main(["--shape", "512,1,64", "--arch", "sm_100a", "--window", "-1,0", "--softcap", "30"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("PASS") and "window=(-1, 0) softcap=30" in out
+    assert simulate_main(["--shape", "512,1,64", "--window", "32,0", "--fault", "window_off_by_one"]) == 1
+    assert capsys.readouterr().out.strip().endswith("FAIL")
+    assert simulate_main(["--shape", "512,1,64", "--window", "32"]) == 2
+    assert "--window expects LEFT,RIGHT" in capsys.readouterr().err

@@ -23,6 +23,19 @@ PROBE_PARAMS = (
 )
 
 
+def normalized_window(spec) -> tuple[int, int]:
+    """spec.window with a bound that reaches past every key made -1 (none): one kernel, and no int overflow, for
+    all of them."""
+    return tuple(-1 if w >= spec.seq_len + spec.keys else w for w in spec.window)
+
+
+def window_bounds(spec) -> tuple[int, int]:
+    """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal sets right = 0, whatever the
+    window's right bound (as FlashAttention does)."""
+    left, right = spec.window
+    return left, 0 if spec.causal else right
+
+
 def tma_origin_c(operand, names: tuple[str, str, str], seq_len: int) -> str:
     """The tensor-map coordinates of the operand's tile as C arguments over `names`: the C names of (first
     sequence row, head, tensor-map batch index) where the expression is used."""

@@ -3,14 +3,17 @@
 Persistent CTAs (one per SM, no 2-CTA cluster) walk the 128-row query tiles round robin. Warp 0 issues TMA loads of Q and of K/V into a ring; warp 1
 allocates tensor memory and one of its threads issues every tcgen05.mma: S = Q K^T (SS) into one of two TMEM S
 buffers, then O += P V (TS: A = P from TMEM over that S, B = V MN-major by the seed's 5-D map); warps 2-5 are the
-softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter, rescaling
-O in TMEM only when the row max grew, writing P over S and, at the end, normalizing O into global memory.
+softmax warps, one thread per row (TMEM lane), reading S with tcgen05.ld from their own lane quarter (the row
+max from loads issued together and waited for once, the exponentials with the next chunk's load in flight: the
+seed's V50), rescaling O in TMEM only when the row max grew, writing P over S and, at the end, normalizing O into
+global memory.
 The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/test_fwd_sm100.py).
 
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
 same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
-each chunk once its part of P is written. Not yet: a dynamic tile scheduler, double-buffered S loads,
-windows, softcap, varlen; `resolve` refuses them with the reason.
+each chunk once its part of P is written; causal, sliding windows (left and right, bottom-right aligned, the
+key blocks outside a tile's band skipped) and softcap as the Hopper kernel has them. Not yet: a dynamic tile
+scheduler, varlen; `resolve` refuses them with the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI, Pa
 from codegen.spec import MMA_K, KernelSpec, SpecError
 
 from .. import Family
-from ..common import descriptor_address_shift, tma_origin_c
+from ..common import descriptor_address_shift, normalized_window, tma_origin_c, window_bounds
 from ..fwd_sm90 import tma_tiles
 from ..fwd_sm90.abi import LOG2E
 
@@ -40,6 +43,10 @@ SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MAX_STAGES = 6  # the seed's ring depth, where shared memory allows (codegen.spec.MAX_STAGES_BY_ARCH)
 TMEM_CHUNK = 32
+# The most S columns a softmax thread loads before one tcgen05.wait::ld in the row-max pass, a register each.
+# Measured (NVRTC 13.0, both archs): the whole row fits at every block_n KernelSpec allows here, up to 224 at
+# D=64 (255 registers, no spills; block_n 128 takes 175).
+MAX_PASS_COLUMNS = 224
 O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
 
 _PARAMS = (
@@ -59,8 +66,7 @@ _PARAMS = (
 def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in ARCHS:
         raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
-    unsupported = [name for name, on in (("window", spec.window != (-1, -1)), ("softcap", bool(spec.softcap)),
-                                         ("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
+    unsupported = [name for name, on in (("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
                                          ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
@@ -75,7 +81,7 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         raise SpecError(f"pv_split {split}: the chunks must add up to block_n {block_n} and be multiples of "
                         f"{TMEM_CHUNK} keys (the softmax writes P {TMEM_CHUNK} keys at a time)")
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=keys, kv_heads=spec.kv_heads or spec.heads,
-                        persistent=True, tile_overlap=None)
+                        window=normalized_window(spec), persistent=True, tile_overlap=None)
     if not spec.stages:
         fitting = [n for n in range(2, MAX_STAGES + 1) if Plan(spec.replace(stages=n)).smem_total <= SMEM_LIMIT]
         spec = spec.replace(stages=max(fitting, default=2))
@@ -162,6 +168,28 @@ class Plan:
     def grid(self, batch: int, max_seqlen_q=None, sms: int = 0) -> tuple[int, int, int]:
         return self.abi.grid.dims(tiles_m=self.m_blocks, batch=batch)
 
+    @property
+    def window_bounds(self) -> tuple[int, int]:
+        return window_bounds(self.spec)
+
+    def kv_range(self, m_block: int) -> tuple[int, int]:
+        """The key blocks query tile m_block visits, (first, count), as the kernel's kv_range computes them:
+        from the block of the tile's first row's left bound to that of its last row's right bound; count 0 where
+        no row of the tile sees a key."""
+        s, (left, right) = self.spec, self.window_bounds
+        row_lo, row_hi = m_block * TILE_M, min((m_block + 1) * TILE_M, s.seq_len) - 1
+        diagonal = s.keys - s.seq_len
+        key_lo = 0 if left < 0 else max(0, row_lo + diagonal - left)
+        key_hi = s.keys - 1 if right < 0 else min(s.keys - 1, row_hi + diagonal + right)
+        first = key_lo // s.block_n
+        return first, 0 if key_hi < key_lo else key_hi // s.block_n + 1 - first
+
+    @property
+    def max_pass_chunks(self) -> int:
+        """S chunks the row-max pass loads before one wait: the most that divide the row within MAX_PASS_COLUMNS."""
+        chunks = self.spec.block_n // TMEM_CHUNK
+        return max(g for g in range(1, chunks + 1) if chunks % g == 0 and g * TMEM_CHUNK <= MAX_PASS_COLUMNS)
+
     def origin_c(self, operand, names):
         return tma_origin_c(operand, names, self.spec.keys if operand.operand in ("k", "v") else self.spec.seq_len)
 
@@ -173,16 +201,19 @@ def context(plan: Plan) -> dict:
     qk = tcgen05.InstrDescriptor(m=TILE_M, n=s.block_n, ab_type=s.dtype, a_major=plan.q.mma_major,
                                  b_major=plan.k.mma_major)
     pv = tcgen05.InstrDescriptor(m=TILE_M, n=s.head_dim, ab_type=s.dtype, a_major="K", b_major=plan.v.mma_major)
-    causal_right = 0 if s.causal else -1
     return {
         "summary": (f"{s.name}: S={s.seq_len} S_k={s.keys} H={s.heads} H_kv={s.kv_heads} D={s.head_dim} {s.dtype} "
-                    f"{'causal' if s.causal else 'non-causal'}, block {TILE_M}x{s.block_n}, {s.stages} stages"),
+                    f"{'causal' if s.causal else 'non-causal'}"
+                    + (f", window {s.window}" if s.window != (-1, -1) else "")
+                    + (f", softcap {s.softcap:g}" if s.softcap else "")
+                    + f", block {TILE_M}x{s.block_n}, {s.stages} stages"),
         "kernel_name": s.name,
         "arch": s.arch,
         "ptx_type": s.dtype,
         "seq_len": s.seq_len, "seq_len_k": s.keys, "heads": s.heads, "group": s.group,
         "head_dim": s.head_dim, "block_m": TILE_M, "block_n": s.block_n, "stages": s.stages,
-        "window_right": causal_right,
+        "window_left": plan.window_bounds[0], "window_right": plan.window_bounds[1],
+        "softcap_c": f"{float(s.softcap)!r}f",
         "threads": THREADS, "softmax_warp0": SOFTMAX_WARP0,
         "smem": plan.smem, "smem_align": plan.smem_align,
         "q_bytes": plan.q.smem_bytes, "k_bytes": plan.k.smem_bytes, "v_bytes": plan.v.smem_bytes,
@@ -195,6 +226,7 @@ def context(plan: Plan) -> dict:
         # MMA starts on the first chunk while the softmax still converts the rest.
         "pv_chunks": [(sum(s.pv_split[:c]) // MMA_K, sum(s.pv_split[:c + 1]) // MMA_K) for c in range(len(s.pv_split))],
         "tmem_chunk": TMEM_CHUNK,
+        "max_pass_chunks": plan.max_pass_chunks,
         "o_vector_elems": O_VECTOR_BYTES // s.elem_bytes,
         "elem_bytes": s.elem_bytes,
         "abi": plan.abi, "mbarrier_bytes": MBARRIER_BYTES,

@@ -8,6 +8,10 @@ slot, a Q load, a QK into an S buffer or a P write before the last reader of tha
 that reads P before every softmax warp wrote its part, or overwrites O before the softmax read the previous
 tile's; an O rescale or read while a PV may be writing O.
 
+A tile's key blocks are counted, not placed: which key block a tile starts at (kv_first > 0 under a left window)
+changes the keys a TMA load fetches, never a barrier, slot or phase, so the tile lists (counts, 0 for a tile
+whose rows see no key) are the whole input.
+
 The steps mirror templates/fwd_sm100/kernel.cu.j2 (producer, mma_issuer, issue_pv, softmax_tile); tests hold
 the two together by the barriers each device function waits on.
 """

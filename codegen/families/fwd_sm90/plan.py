@@ -19,7 +19,7 @@ from codegen import policy
 from codegen.abi import GridError, KernelABI
 from codegen.spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
-from ..common import descriptor_address_shift, tma_origin_c
+from ..common import normalized_window, descriptor_address_shift, tma_origin_c, window_bounds
 from .abi import kernel_abi
 
 THREADS_PER_WARPGROUP = 128
@@ -51,10 +51,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     split = spec.pv_split or policy.default_pv_split(block_n)
     if sum(split) != block_n:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
-    # A window bound that reaches past every key is no bound: one kernel (and no int overflow) for all of them.
-    window = tuple(-1 if w >= spec.seq_len + spec.keys else w for w in spec.window)
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=spec.keys,
-                        kv_heads=spec.kv_heads or spec.heads, window=window)
+                        kv_heads=spec.kv_heads or spec.heads, window=normalized_window(spec))
     if spec.persistent is None:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
     if spec.tile_overlap is None:
@@ -129,10 +127,7 @@ class Plan:
 
     @property
     def window_bounds(self) -> tuple[int, int]:
-        """(left, right) key offsets from each query's diagonal; -1 is unbounded. Causal sets right = 0,
-        whatever the window's right bound (as FlashAttention does)."""
-        left, right = self.spec.window
-        return left, 0 if self.spec.causal else right
+        return window_bounds(self.spec)
 
     @property
     def m_blocks(self) -> int:
