@@ -24,7 +24,9 @@ from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
 MAX_GRID_YZ = 65535
-MAPS_PER_CACHE = 4
+# Tensor maps remembered per cache operand: a model's layers share one launcher (same shapes) but each has its
+# own cache tensor, at an address that stays put for the whole generation; encoding a map costs ~10 us.
+MAPS_PER_CACHE = 256
 MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
 # A split should stream at least this many key blocks: below it the merge's reads outweigh what the split saves.

@@ -293,11 +293,17 @@ def test_readme_order_requirements_speed_limitations_then_usage():
 def test_readme_speed_numbers_are_the_latest_tables():
     latest = (REPO / "bench" / "results" / "h200-latest.md").read_text()
     speed = _readme().split("## Speed")[1].split("\n## ")[0]
-    for shape, kernel, call in (("(1,1024,64,128) f16", "1.042x", "1.046x"),
-                                ("(4,4096,32,128) bf16", "1.058x", "1.069x"),
-                                ("(1,16384,16,128) bf16", "1.079x", "1.072x")):
-        assert re.search(rf"\| {re.escape(shape)} non-causal \|[^\n]*{kernel}[^\n]*\| {call} \|", latest), shape
-        assert re.search(rf"\| {re.escape(shape)} \| {kernel} \| {call} \|", speed), shape
+    for shape in ("(1,1024,64,128) f16", "(4,4096,32,128) bf16", "(1,16384,16,128) bf16"):
+        row = re.search(rf"\| {re.escape(shape)} non-causal \|[^\n]*?([0-9.]+x) \([0-9+]+\) \| ([0-9.]+x) \|", latest)
+        assert row, shape
+        kernel, call = row.groups()
+        assert re.search(rf"\| {re.escape(shape)} \| {kernel} \| {call} \|", speed), (shape, kernel, call)
+    geomean = re.search(r"\| geomean \|  \|  \| ([0-9.]+x) \(8/8\) \| ([0-9.]+x) \(8/8\) \|", latest).groups()
+    assert f"| default matrix, geomean of 8 | {geomean[0]} | {geomean[1]} |" in speed
+    decode = (REPO / "bench" / "results" / "h200-latest-decode.md").read_text()
+    mean = re.search(r"geomean[^\n]*?([0-9.]+x) over (\d+)/\d+ cases \(call vs cuDNN's call: ([0-9.]+x)", decode)
+    assert mean, "the decode result file's geomean line"
+    assert f"| decode matrix, geomean of {mean.group(2)} | | | {mean.group(1)} | {mean.group(3)} |" in speed
 
 
 def test_readme_test_command_shows_skip_reasons_and_is_what_ci_runs():
