@@ -33,7 +33,6 @@ from .config import DECODE_IMPLS, DECODE_MATRIX, BenchConfig
 from .report import (RUN_KEYS, _finite, _short, geomean, gpu_meta, host_meta, render_markdown, render_text, slug,
                      utc_stamp)
 
-PAGED_SKIP = "paged caches not generated yet"
 GPU_MEMORY_BYTES = 139 * 2**30  # the H200's memory, for the matrix's plan (each case is checked again at run time)
 MEMORY_HEADROOM_BYTES = 4 * 2**30  # left free beyond a case's estimate: SDPA and cuDNN workspaces, the allocator
 ROTATE_BELOW_BYTES = 200 * 2**20  # as bench.inputs: rotate input sets until the working set is far past L2 (50 MB)
@@ -117,8 +116,10 @@ class DecodeCase:
 
     @property
     def memory_bytes(self) -> int:
-        """What the case holds at once, before any SDPA copies: the rotated sets and the reference's peak."""
-        return self.input_sets * self.set_bytes + self.reference_bytes
+        """What the case holds at once, before any SDPA copies: the rotated sets (and their paged copies) and the
+        reference's peak."""
+        paged = self.input_sets * self.kv_bytes if self.page_size else 0
+        return self.input_sets * self.set_bytes + paged + self.reference_bytes
 
     @property
     def bench_case(self) -> Case:
@@ -132,9 +133,7 @@ class DecodeCase:
                 f"{self.dtype}{page}")
 
     def planned_skip(self, memory_bytes: int = GPU_MEMORY_BYTES) -> str | None:
-        """Why the case is not run, known before the run: a paged cache, or more memory than the GPU has."""
-        if self.page_size:
-            return PAGED_SKIP
+        """Why the case is not run, known before the run: more memory than the GPU has."""
         need = self.memory_bytes + MEMORY_HEADROOM_BYTES
         if need > memory_bytes:
             return f"does not fit: needs {need / 2**30:.1f} GiB of {memory_bytes / 2**30:.0f} GiB"
@@ -144,7 +143,7 @@ class DecodeCase:
 def decode_cases() -> tuple[DecodeCase, ...]:
     """The issue's matrix, all bf16, H/H_kv 32/8 and D 128 unless said: S_q 1 at B 1, 8, 32, 128 x S_k 2k, 8k, 32k;
     S_q 4 and 8 at B 32 x 8k; H/H_kv 64/8, D 64 and D 256 at B 32 x 8k S_q 1; page sizes 16 and 128 at B 32 x 8k
-    (listed, skipped: paged caches are not generated yet)."""
+    (flashgen on a paged copy of the caches, its pages shuffled; the peers on the dense caches)."""
     cases = [DecodeCase(b, 1, s) for b in (1, 8, 32, 128) for s in (2048, 8192, 32768)]
     cases += [DecodeCase(32, sq, 8192) for sq in (4, 8)]
     cases += [DecodeCase(32, 1, 8192, heads=64)]
@@ -484,22 +483,48 @@ def sdpa_peer(impl: str, case: DecodeCase, forms: dict):
                 call=make if yardstick else None, yardstick=yardstick)
 
 
-def flashgen_peer():
+def paged_copy(torch, k, page_size: int, seed: int = 0):
+    """A full dense cache (B, S, H_kv, D) as a paged one, its pages in a shuffled order: (pages, page_table)."""
+    batch, length = k.shape[:2]
+    per = length // page_size
+    order = torch.randperm(batch * per, generator=torch.Generator().manual_seed(seed))
+    table = order.view(batch, per).to(torch.int32).to(k.device)
+    pages = torch.empty((batch * per, page_size) + tuple(k.shape[2:]), dtype=k.dtype, device=k.device)
+    pages[table.flatten().long()] = k.reshape(batch * per, page_size, *k.shape[2:])
+    return pages, table
+
+
+def flashgen_peer(page_size: int = 0):
     """flashgen: the kernel is attention_with_kvcache(..., out=o) with o made once per set; the call is the same
-    without out= (o allocated per call)."""
+    without out= (o allocated per call). With a page size it reads a paged copy of each set's caches (the
+    pages shuffled), the peers the dense caches: the same keys and values."""
     from .peers import Peer
+
+    made: dict = {}
+
+    def caches(torch, inputs):
+        if "sets" not in made:
+            made["sets"] = []
+            for q, k, v, lens in inputs.sets:
+                if page_size:
+                    (pk, table), (pv, _) = paged_copy(torch, k, page_size), paged_copy(torch, v, page_size)
+                    made["sets"].append((q, pk, pv, lens, table))
+                else:
+                    made["sets"].append((q, k, v, lens, None))
+        return made["sets"]
 
     def make(with_out: bool):
         def calls(torch, inputs, _case):
             from codegen.decode import attention_with_kvcache as fn
 
             out = []
-            for q, k, v, lens in inputs.sets:
+            for q, k, v, lens, table in caches(torch, inputs):
                 if with_out:
                     o = torch.empty_like(q)
-                    out.append(lambda q=q, k=k, v=v, lens=lens, o=o: fn(q, k, v, lens, causal=False, out=o))
+                    out.append(lambda q=q, k=k, v=v, lens=lens, t=table, o=o: fn(q, k, v, lens, causal=False,
+                                                                               page_table=t, out=o))
                 else:
-                    out.append(lambda q=q, k=k, v=v, lens=lens: fn(q, k, v, lens, causal=False))
+                    out.append(lambda q=q, k=k, v=v, lens=lens, t=table: fn(q, k, v, lens, causal=False, page_table=t))
             return out
 
         return calls
@@ -552,7 +577,7 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
         return skipped_rows(case, f"inputs: {type(e).__name__}: {e}", error=True), cuda_fault(torch)
     forms: dict = {}
     entries = [(sdpa_peer(impl, case, forms), None) for impl in DECODE_IMPLS if impl in SDPA_BACKENDS]
-    entries += [(flashgen_peer(), None)]  # last: if ours faults the context, the peers are measured
+    entries += [(flashgen_peer(case.page_size), None)]  # last: if ours faults the context, the peers are measured
     progress(f"  {case.input_sets} input set(s) of {case.set_bytes / 2**20:.1f} MiB; {len(entries)} implementations, "
              f"timed in {ROUNDS} interleaved rounds")
     fault = None

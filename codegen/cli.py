@@ -147,6 +147,8 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--decode", type=int, default=0, metavar="S_Q",
                         help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
                              "a KV cache; S in --shape is then the cache's capacity, a run-time value")
+    parser.add_argument("--page-size", type=int, default=0, metavar="P",
+                        help="with --decode: a paged cache of P-row pages (8..256, a power of two; default: dense)")
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
@@ -184,6 +186,8 @@ def _spec_from(args):
     window = parse_window(args.window)
     if getattr(args, "decode", 0):
         return _decode_spec_from(args, h, d, window)
+    if getattr(args, "page_size", 0):
+        raise SpecError("--page-size is for the decode kernel: add --decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
@@ -201,7 +205,7 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
             raise SpecError(f"{flag} does not apply to the decode kernel (--decode)")
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
-                              block_n=args.block_n, stages=args.stages, arch=args.arch))
+                              block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -40,7 +40,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
-    B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device).
+    B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
+    v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 8..256, and page_table an int32
+    (B, max_pages) tensor on the device whose row b lists the pages holding sequence b's keys in order (its
+    capacity is max_pages * page_size).
 
     k_new, v_new (B, S_q, H_kv, D): written into the cache in place at rows cache_seqlens[b] .. + S_q - 1
     first, and attended; cache_seqlens itself is not changed (advance it yourself, as with FlashAttention).
@@ -53,7 +56,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
-    is at most S_max. `check=True` copies cache_seqlens to the host and checks it (a synchronization).
+    is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
+    `check=True` copies cache_seqlens (and the page table) to the host and checks them (a synchronization).
     """
     _require_torch("codegen.attention_with_kvcache()")
     import torch
@@ -63,7 +67,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
         key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
                v_cache.dtype, q.device, k_cache.device, v_cache.device, cache_seqlens.shape, cache_seqlens.dtype,
                cache_seqlens.device, None if k_new is None else (k_new.shape, k_new.stride(), v_new.stride()),
-               page_table is None, bool(causal), scale, None if window is None else tuple(window), float(softcap),
+               None if page_table is None else (page_table.shape, page_table.stride(), page_table.dtype,
+                                                page_table.device),
+               bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
@@ -81,14 +87,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     if any(t.data_ptr() % 16 for t in tensors) or (sinks is not None and sinks.data_ptr() % 4):
         _check_alignment(tensors)
     if check:
-        _check_lengths(cache_seqlens, k_cache.shape[1], 0 if k_new is None else q.shape[1])
+        _check_lengths(cache_seqlens, page_table, k_cache.shape[0], k_cache.shape[1], 0 if k_new is None else q.shape[1])
     if out is None:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
         _check_out(out, q)
         o = out
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
-    launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse)
+    launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table)
     return (o, lse) if return_lse else o
 
 
@@ -154,7 +160,7 @@ class DecodeLauncher:
             self._workspace[stream] = ws
         return ws
 
-    def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse) -> None:
+    def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
         from .launcher import launch_now
 
         ws_o, ws_lse, counter = self._workspace_for(stream, q.device)
@@ -176,6 +182,8 @@ class DecodeLauncher:
                     t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
             h["lse_out"].value = 0 if lse is None else lse.data_ptr()
             h["cache_seqlens"].value = cache_seqlens.data_ptr()
+            pages, pages_stride = (0, 0) if page_table is None else (page_table.data_ptr(), page_table.stride(0))
+            h["page_table"].value, h["page_table_stride"].value = pages, pages_stride
             h["new_tokens"].value = 0 if k_new is None else q.shape[1]
             h["sinks"].value = 0 if sinks is None else sinks.data_ptr()
             h["ws_o"].value, h["ws_lse"].value, h["split_counter"].value = (
@@ -187,6 +195,7 @@ class DecodeLauncher:
                     a[f"{name}_batch_bytes"].value, a[f"{name}_row_bytes"].value, a[f"{name}_head_bytes"].value = (
                         t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
                 a["cache_seqlens"].value = cache_seqlens.data_ptr()
+                a["page_table"].value, a["page_table_stride"].value = pages, pages_stride
                 launch_now(self.append_kernel, self.plan.append_grid(self.batch), self.plan.append_threads, stream,
                            self._append_args)
             launch_now(self.kernel, self.grid, self.plan.threads, stream, self._args)
@@ -207,10 +216,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
-    batch, q_len, heads, dim, kv_heads, capacity = _check_shapes(q, k_cache, v_cache, k_new, v_new)
-    if page_table is not None:
-        raise InputError("paged KV caches (page_table) are not generated yet; pass a dense (B_cache, S_max, H_kv, D) "
-                         "cache")
+    batch, q_len, heads, dim, kv_heads, capacity = _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table)
+    page_size = 0 if page_table is None else k_cache.shape[1]
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
         raise InputError("cache_seqlens must be a 1-D torch.int32 tensor of the B sequence lengths, got "
                          + (f"{cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}"
@@ -244,7 +251,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         spec = resolve(DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                                   window=tuple(window) if window else (-1, -1), softcap=float(softcap),
-                                  block_n=block_n, stages=stages))
+                                  block_n=block_n, stages=stages, page_size=page_size))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
@@ -256,19 +263,23 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     splits = num_splits or choose_splits(batch * plan.grid(batch, 1)[1], blocks, _sm_count(q.device.index or 0))
     map_params = {}
     for op, cache in (("k", k_cache), ("v", v_cache)):
-        e = cache.element_size()
         strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]
         try:
-            map_params[op] = getattr(plan, op).tensor_map.instantiate(
-                batch=cache.shape[0], seq_len=capacity, heads=kv_heads, stride_b=strides[0], stride_s=strides[1],
-                stride_h=strides[2])
+            if page_size:
+                map_params[op] = getattr(plan, f"{op}_pages").instantiate(
+                    num_pages=cache.shape[0], heads=kv_heads, stride_page=strides[0], stride_row=strides[1],
+                    stride_h=strides[2])
+            else:
+                map_params[op] = getattr(plan, op).tensor_map.instantiate(
+                    batch=cache.shape[0], seq_len=capacity, heads=kv_heads, stride_b=strides[0],
+                    stride_s=strides[1], stride_h=strides[2])
         except LayoutError as err:
             raise InputError(f"{op}_cache: {err}") from None
-        del e
     return DecodeLauncher(built, kernel, append_kernel, map_params, batch, splits, float(scale))
 
 
-def _check_shapes(q, k_cache, v_cache, k_new, v_new):
+def _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table):
+    """(B, S_q, H, D, H_kv, capacity) of a well-formed call, or the InputError that says what is wrong."""
     import torch
 
     named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)]
@@ -293,15 +304,31 @@ def _check_shapes(q, k_cache, v_cache, k_new, v_new):
             if t.shape[axis] > 1 and (t.stride(axis) * t.element_size()) % 16:
                 raise InputError(f"{name}.stride({axis}) = {t.stride(axis)} elements is not a multiple of 16 bytes")
     batch, q_len, heads, dim = q.shape
-    b_cache, capacity, kv_heads, dim_k = k_cache.shape
+    b_cache, rows, kv_heads, dim_k = k_cache.shape
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise InputError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if dim_k != dim:
         raise InputError(f"q's head dim {dim} and the cache's {dim_k} differ")
-    if min(batch, q_len, heads, capacity, kv_heads) < 1:
+    if min(batch, q_len, heads, rows, kv_heads) < 1:
         raise InputError(f"every dimension must be at least 1, got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
-    if b_cache < batch:
-        raise InputError(f"the cache holds {b_cache} sequences, q {batch}")
+    if page_table is None:
+        capacity = rows
+        if b_cache < batch:
+            raise InputError(f"the cache holds {b_cache} sequences, q {batch}")
+    else:
+        if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2:
+            raise InputError("page_table must be a 2-D torch.int32 tensor (B, max_pages), got "
+                             + (f"{page_table.dtype} of rank {page_table.dim()}" if isinstance(page_table, torch.Tensor)
+                                else type(page_table).__name__))
+        if page_table.device != q.device:
+            raise InputError(f"page_table must be on q's device {q.device} (the kernel reads it there), got "
+                             f"{page_table.device}")
+        if page_table.shape[0] != batch or page_table.shape[1] < 1:
+            raise InputError(f"page_table must have a row of pages per sequence, (B={batch}, max_pages >= 1), got "
+                             f"{tuple(page_table.shape)}")
+        if page_table.stride(1) != 1:
+            raise InputError("page_table's rows must be contiguous; call .contiguous()")
+        capacity = page_table.shape[1] * rows
     if heads % kv_heads:
         raise InputError(f"q's {heads} heads must be a multiple of the cache's {kv_heads} K/V heads")
     if k_new is not None:
@@ -310,8 +337,8 @@ def _check_shapes(q, k_cache, v_cache, k_new, v_new):
                 raise InputError(f"{name} must be (B, S_q, H_kv, D) = {(batch, q_len, kv_heads, dim)}, got {tuple(t.shape)}")
         if q_len > capacity:
             raise InputError(f"{q_len} new tokens do not fit a cache of {capacity} rows")
-    if capacity >= 2**30:
-        raise InputError(f"a cache of {capacity} rows is over the kernel's 2**30-row coordinates")
+    if capacity >= 2**30 or b_cache >= 2**31:
+        raise InputError(f"a cache of {capacity} rows ({b_cache} entries) is over the kernel's 32-bit coordinates")
     return batch, q_len, heads, dim, kv_heads, capacity
 
 
@@ -332,9 +359,17 @@ def _check_alignment(tensors) -> None:
             raise InputError("every tensor's data pointer must be 16-byte aligned (a slice that starts mid-row is not)")
 
 
-def _check_lengths(cache_seqlens, capacity: int, new_tokens: int) -> None:
+def _check_lengths(cache_seqlens, page_table, cache_rows: int, rows: int, new_tokens: int) -> None:
+    """Reads cache_seqlens (and the page table) back: every length within the capacity, every page used real."""
     lengths = cache_seqlens.tolist()
+    capacity = rows if page_table is None else rows * page_table.shape[1]
+    table = None if page_table is None else page_table.tolist()
     for b, n in enumerate(lengths):
         if n < 0 or n + new_tokens > capacity:
             raise InputError(f"sequence {b}: cache_seqlens {n}" + (f" + {new_tokens} new tokens" if new_tokens else "")
                              + f" is outside the cache's 0..{capacity} rows")
+        if table is not None:
+            used = table[b][:-(-(n + new_tokens) // rows)]
+            bad = [p for p in used if not 0 <= p < cache_rows]
+            if bad:
+                raise InputError(f"sequence {b}: page_table names page {bad[0]}, outside the cache's {cache_rows} pages")

@@ -16,7 +16,7 @@ from bench import decode, gpu_run
 from bench.cases import BenchUsageError
 from bench.cli import bench_main
 from bench.config import DECODE_IMPLS, DECODE_MATRIX, parse_config
-from bench.decode import (PAGED_SKIP, ROW_KEYS, DecodeCase, DecodeRow, copy_bandwidth_gbs, decode_cases, decode_json,
+from bench.decode import (ROW_KEYS, DecodeCase, DecodeRow, copy_bandwidth_gbs, decode_cases, decode_json,
                           decode_table, finalize_decode, kv_gbs, save_decode, skipped_rows, summary_line)
 from bench.report import RUN_KEYS
 from codegen import check
@@ -41,22 +41,23 @@ def test_matrix_is_the_issues_cases():
     assert [(c.batch, c.cache_len, c.page_size) for c in paged] == [(32, 8192, 16), (32, 8192, 128)]
 
 
-def test_paged_rows_are_skipped_and_every_dense_case_fits_the_h200():
+def test_every_case_fits_the_h200():
     for case in decode_cases():
-        if case.page_size:
-            assert case.planned_skip() == PAGED_SKIP == "paged caches not generated yet"
-        else:
-            assert case.planned_skip() is None, case
+        assert case.planned_skip() is None, case
+    assert DecodeCase(32, 1, 8192, page_size=16).memory_bytes > DecodeCase(32, 1, 8192).memory_bytes  # its copy
     biggest = DecodeCase(128, 1, 32768)
     assert biggest.kv_bytes == 16 * 2**30 and biggest.input_sets == 1
     assert max(c.memory_bytes for c in decode_cases()) == biggest.memory_bytes < 24 * 2**30
     assert biggest.planned_skip(memory_bytes=16 * 2**30).startswith("does not fit: needs 2")
 
 
+SKIP = "does not fit: needs 200.0 GiB, 139.0 GiB free"
+
+
 def test_skipped_rows_cover_every_implementation():
-    rows = skipped_rows(DecodeCase(32, 1, 8192, page_size=16), PAGED_SKIP)
+    rows = skipped_rows(DecodeCase(32, 1, 8192, page_size=16), SKIP)
     assert [r.impl for r in rows] == list(DECODE_IMPLS) == ["flashgen", "cudnn", "flash", "efficient"]
-    assert all(r.skipped == PAGED_SKIP and r.ms is None and not r.ok for r in rows)
+    assert all(r.skipped == SKIP and r.ms is None and not r.ok for r in rows)
 
 
 def test_small_caches_rotate_input_sets_past_l2():
@@ -120,7 +121,7 @@ META = {"gpu": "NVIDIA H200", "driver_version": "580.1", "torch": "2.9.0", "cudn
 
 def _result_rows():
     paged = DecodeCase(32, 1, 8192, page_size=16)
-    rows = _measured() + _measured(DecodeCase(1, 1, 2048)) + skipped_rows(paged, PAGED_SKIP)
+    rows = _measured() + _measured(DecodeCase(1, 1, 2048)) + skipped_rows(paged, SKIP)
     # a NaN output: a time, but an error and rel_err inf (written as null)
     rows[-5] = DecodeRow("flashgen", DecodeCase(1, 1, 2048), ms=0.01, rel_err=math.inf, error="output holds NaN or inf")
     return finalize_decode(rows, copy_gbs=4000.0)
@@ -141,7 +142,7 @@ def test_json_rows_carry_the_issue_keys_and_the_run_metadata():
     assert first["ratio_to_cudnn"] == pytest.approx(1.25) and first["rel_err_seqs"] == 2
     assert rows[7]["rel_err"] is None and rows[7]["kv_gbs"] is None and rows[7]["ratio_to_cudnn"] is None
     assert rows[7]["ms"] == 0.01 and rows[7]["error"] == "output holds NaN or inf"
-    assert rows[-1]["skipped"] == PAGED_SKIP and rows[-1]["page_size"] == 16 and rows[-1]["ms"] is None
+    assert rows[-1]["skipped"] == SKIP and rows[-1]["page_size"] == 16 and rows[-1]["ms"] is None
     json.dumps(rows, allow_nan=False)
 
 
@@ -153,7 +154,7 @@ def test_save_writes_stamped_and_h200_latest_decode_files(tmp_path):
     assert paths[0].read_text() == paths[2].read_text() and paths[1].read_text() == paths[3].read_text()
     assert len(json.loads(paths[0].read_text())) == len(_result_rows())
     md = paths[1].read_text()
-    assert "# flashgen bench (decode)" in md and "- gpu: NVIDIA H200" in md and PAGED_SKIP in md
+    assert "# flashgen bench (decode)" in md and "- gpu: NVIDIA H200" in md and SKIP in md
     assert "geomean flashgen vs cuDNN" in md and "## B=32 S_q=1 S_k=8192 H=32/8 D=128 bf16" in md
     other = save_decode({**META, "gpu": "NVIDIA H100 80GB HBM3"}, _result_rows(), tmp_path / "h100")
     assert [p.name for p in other] == ["nvidia-h100-80gb-hbm3-20261201T120000Z-decode.json",
@@ -171,7 +172,7 @@ def test_table_and_summary_line():
     assert b32[3] == f"{100 * 2**30 / 0.5e-3 / 1e9 / 4000:.0f}%"
     assert b32[4:] == ["0.4000", "1.250x", "1.200x", "0.500x", "skipped", "4"]
     assert table[2][4] == "0.0100" and table[2][5] == "error"  # flashgen's NaN output: no ratio
-    assert table[3][1] == f"skipped: {PAGED_SKIP}"
+    assert table[3][1] == f"skipped: {SKIP}"
     line = summary_line(rows)
     assert line.startswith("geomean flashgen vs cuDNN: 1.250x over 1/2 cases")
     assert "copy bandwidth 4000 GB/s" in line
@@ -273,7 +274,7 @@ def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
         assert r.ok and r.iters == 10 and r.rel_err < 2e-2, (impl, r)
         assert "first 2 of 3 sequences" in r.notes
     assert by["flashgen"].num_splits == 3 and by["flashgen"].call_ms is not None and by["flashgen"].call_error is None
-    assert "re-encodes" in by["flashgen"].notes  # 16 input sets > the launcher's 4 maps per cache
+    assert "re-encodes" not in by["flashgen"].notes  # 16 input sets fit the launcher's 256 maps per cache
     assert by["cudnn"].call_ms is not None and by["flash"].call_ms is None
     assert by["cudnn"].notes.endswith(decode.SDPA_FORM_NOTES["views"])
     final = {r.impl: r for r in finalize_decode(rows, copy_gbs=1000.0)}

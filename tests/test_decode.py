@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from codegen.build import build
@@ -33,7 +35,7 @@ def test_an_odd_ring_with_key_groups_is_refused():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(kv_heads=5), "multiple of kv_heads"), (dict(head_dim=80), "head_dim"),
-                                        (dict(page_size=16), "paged"), (dict(q_len=0), "q_len"),
+                                        (dict(page_size=4), "pages of"), (dict(q_len=0), "q_len"),
                                         (dict(arch="sm_100a"), "sm_90a")])
 def test_bad_specs_say_why(bad, match):
     with pytest.raises(SpecError, match=match):
@@ -51,6 +53,22 @@ def test_kernels_compile_without_spills(kw):
     manifest = built.manifest()
     assert manifest["family"] == "decode_sm90" and set(manifest["tensor_maps"]) == {"k", "v"}
     assert manifest["grid"]["x"] == "splits"
+
+
+def test_paged_tiles_are_gathered_by_verified_loads():
+    import layouts
+    from layouts.paged import SubLoad, paged_tile
+
+    k = layouts.derive_operand("k", arch="sm_90a", head_dim=128, block_rows=128, dtype="bf16")
+    small = paged_tile(k, 16)  # 8 pages x 2 atom column blocks, each 16 x 64
+    assert len(small.loads) == 16 and small.box == (64, 16, 1, 1, 1)
+    assert small.loads[:3] == (SubLoad(0, 0, 0), SubLoad(0, 1, 16384), SubLoad(16, 0, 2048))
+    assert paged_tile(k, 256).loads == (SubLoad(0, 0, 0),) and paged_tile(k, 256).box == k.tensor_map.box
+    # A load placed one page off is caught by the TMA model.
+    wrong = dataclasses.replace(small, loads=(SubLoad(0, 0, 2048),) + small.loads[1:])
+    assert wrong.verify()
+    p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16)
+    assert p.k_pages.loads == small.loads and p.v_pages is not None
 
 
 def test_splits_fill_one_wave_where_tiles_are_few():
@@ -81,7 +99,9 @@ def cpu_inputs(**over):
     (dict(v_cache=torch.zeros(2, 255, 2, 64, dtype=torch.bfloat16)), "one shape"),
     (dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.float16)), "dtype"),
     (dict(k_new=torch.zeros(2, 1, 2, 64, dtype=torch.bfloat16)), "together"),
-    (dict(page_table=torch.zeros(2, 4, dtype=torch.int32)), "paged"),
+    (dict(page_table=torch.zeros(2, 4, dtype=torch.int64)), "int32"),
+    (dict(page_table=torch.zeros(3, 4, dtype=torch.int32)), "a row of pages per sequence"),
+    (dict(page_table=torch.zeros(2, 4, dtype=torch.int32)), "CUDA device"),
     (dict(sinks=torch.zeros(7)), "sinks"),
     (dict(num_splits=-1), "num_splits"),
     ({}, "CUDA device"),

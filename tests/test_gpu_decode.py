@@ -130,3 +130,74 @@ def test_lengths_past_the_capacity_are_refused_with_check():
     q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(InputError, match="outside the cache"):
         attention_with_kvcache(q, k, v, torch.tensor([257], dtype=torch.int32, device="cuda"), check=True)
+
+
+def to_pages(k, page, seed=0):
+    """A dense (B, S_max, H_kv, D) cache as a paged one: pages shuffled, one spare NaN page; (cache, table)."""
+    batch, capacity = k.shape[:2]
+    per = capacity // page
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    order = torch.randperm(batch * per + 1, generator=g)
+    paged = torch.full((batch * per + 1, page) + tuple(k.shape[2:]), float("nan"), dtype=k.dtype, device=k.device)
+    table = order[:batch * per].view(batch, per).to(torch.int32).cuda()
+    paged[table.flatten().long()] = k.reshape(batch * per, page, *k.shape[2:])
+    return paged, table
+
+
+def from_pages(paged, table):
+    batch, per = table.shape
+    return paged[table.flatten().long()].reshape(batch, per * paged.shape[1], *paged.shape[2:])
+
+
+@pytest.mark.parametrize("page", [8, 16, 64, 128, 256])
+@pytest.mark.parametrize("sq, num_splits", [(1, 0), (4, 3)])
+def test_paged_caches_match_float64(page, sq, num_splits):
+    lengths = [0, 1, page, 1024 - 1, 1024, page + 1]
+    k, v = make_cache(6, 1024, 8, 128, lengths, torch.bfloat16, seed=7)
+    pk, table = to_pages(k, page, seed=1)
+    pv, _ = to_pages(v, page, seed=1)
+    q = torch.randn(6, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, out=out, check=True)
+    ref, _ = check.kvcache_reference(q, k, v, lengths)
+    yardstick, _ = check.kvcache_reference(q, k, v, lengths, same_dtype=True)
+    assert not torch.isnan(o).any()
+    failure = check.accuracy_failure(o, ref, yardstick, floor=TINY)
+    assert failure is None, failure
+
+
+@pytest.mark.parametrize("page", [16, 128])
+def test_paged_append_writes_its_pages_only(page):
+    lengths = [0, page - 1, 1024 - 5]
+    k, v = make_cache(3, 1024, 8, 128, lengths, torch.bfloat16, seed=8)
+    pk, table = to_pages(k, page, seed=2)
+    pv, _ = to_pages(v, page, seed=2)
+    q = torch.randn(3, 5, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(3, 5, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn_like(k_new)
+    before_k, before_v = pk.clone(), pv.clone()
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    o = attention_with_kvcache(q, pk, pv, seqlens, k_new=k_new, v_new=v_new, page_table=table, check=True)
+    for b, n in enumerate(lengths):  # the expected caches, dense
+        k[b, n:n + 5], v[b, n:n + 5] = k_new[b], v_new[b]
+    assert torch.equal(from_pages(pk, table).view(torch.int16), k.view(torch.int16))
+    assert torch.equal(from_pages(pv, table).view(torch.int16), v.view(torch.int16))
+    spare = [p for p in range(pk.shape[0]) if p not in set(table.flatten().tolist())]
+    assert torch.equal(pk[spare].view(torch.int16), before_k[spare].view(torch.int16))
+    attended = [n + 5 for n in lengths]
+    ref, _ = check.kvcache_reference(q, k, v, attended)
+    yardstick, _ = check.kvcache_reference(q, k, v, attended, same_dtype=True)
+    failure = check.accuracy_failure(o, ref, yardstick, floor=TINY)
+    assert failure is None, failure
+
+
+def test_a_page_table_naming_no_page_is_refused_with_check():
+    k, v = make_cache(1, 256, 8, 128, [200], torch.bfloat16)
+    pk, table = to_pages(k, 64)
+    pv, _ = to_pages(v, 64)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    table[0, 1] = 99
+    with pytest.raises(InputError, match="page 99"):
+        attention_with_kvcache(q, pk, pv, torch.tensor([200], dtype=torch.int32, device="cuda"), page_table=table,
+                               check=True)

@@ -5,6 +5,7 @@ writes the step's new keys and values into the cache (templates/decode_sm90/, pl
 from __future__ import annotations
 
 from layouts import fragments
+from layouts.paged import SubLoad
 
 from codegen.abi import MBARRIER_BYTES
 
@@ -32,6 +33,8 @@ def regenerate_command(spec: DecodeSpec) -> str:
         args += ["--window", ",".join(map(str, s.window))]
     if s.softcap:
         args += ["--softcap", repr(float(s.softcap))]
+    if s.page_size:
+        args += ["--page-size", str(s.page_size)]
     return " ".join(args) + "  (S_max, the batch, lengths and splits are run-time values)"
 
 
@@ -39,7 +42,8 @@ def summary(plan: Plan) -> str:
     s = plan.spec
     return (f"{s.name}: decode, H={s.heads} over H_kv={s.kv_heads}, D={s.head_dim} {s.dtype}, S_q={s.q_len} "
             f"({s.rows} packed rows, {plan.tiles_m} tile(s) of {plan.block_m}), "
-            f"{'causal' if s.causal else 'non-causal'}, {s.block_n}-key blocks, {s.stages} stages")
+            f"{'causal' if s.causal else 'non-causal'}, {s.block_n}-key blocks, {s.stages} stages, "
+            + (f"{s.page_size}-row pages" if s.page_size else "dense cache"))
 
 
 def context(plan: Plan) -> dict:
@@ -53,6 +57,10 @@ def context(plan: Plan) -> dict:
                   "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
                   "coords": plan.origin_c(getattr(plan, name), TMA_COORD_PARAMS)} for name in ("k", "v")]
     (tma_rank,) = {t["rank"] for t in tma_tiles}
+    # A dense cache's kernel has the paged loaders too (one whole-tile load), uncalled: its branch is if constexpr.
+    paged_tiles = [{"name": name, "loads": pages.loads if pages else (SubLoad(0, 0, 0),),
+                    "box": pages.box if pages else getattr(plan, name).tensor_map.box}
+                   for name, pages in (("k", plan.k_pages), ("v", plan.v_pages))]
     left, right = plan.window_bounds
     return {
         "version": codegen.__version__,
@@ -97,6 +105,8 @@ def context(plan: Plan) -> dict:
         "acc": fragments.wgmma_accumulator_c(),
         "tma_rank": tma_rank,
         "tma_tiles": tma_tiles,
+        "paged_tiles": paged_tiles,
+        "page_rows": s.page_size,
         "abi": plan.abi,
         "append_abi": plan.append_abi,
         "family_barriers": decode_abi.BARRIER_NAMES,

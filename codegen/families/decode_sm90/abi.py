@@ -16,6 +16,14 @@ def _tensor(name: str, what: str, layout: str) -> tuple[Param, ...]:
             Param(f"{name}_head_bytes", "long long", Pack.I64, f"{what}'s head stride in bytes", f"{name}_head_bytes"))
 
 
+_PAGES = (
+    Param("page_table", "const int* __restrict__", Pack.POINTER,
+          "int (B, max_pages): the cache page holding each sequence's keys [p * page, (p + 1) * page); null: dense",
+          "page_table"),
+    Param("page_table_stride", "long long", Pack.I64, "entries between two sequences' rows of page_table",
+          "page_table_stride"),
+)
+
 _PARAMS = (
     Param("tmap_k", "TmaDesc", Pack.TENSOR_MAP, "CUtensorMap of the K cache (B_cache, S_max, H_kv, D)", "maps[0]"),
     Param("tmap_v", "TmaDesc", Pack.TENSOR_MAP, "CUtensorMap of the V cache", "maps[1]"),
@@ -29,6 +37,7 @@ _PARAMS = (
           "cache_seqlens[b] + new_tokens keys", "new_tokens"),
     Param("sinks", "const float* __restrict__", Pack.POINTER,
           "float (H,): a logit per query head joining every row's softmax denominator; null: none", "sinks"),
+    *_PAGES,
     Param("splits", "int", Pack.I32, "CTAs sharing each tile's key blocks (1: no merge)", "splits"),
     Param("ws_o", "float* __restrict__", Pack.POINTER,
           "float (B, grid.y, splits, block_m, D): each split's normalized O (splits > 1)", "ws_o"),
@@ -45,7 +54,8 @@ _APPEND_PARAMS = (
     *_tensor("k_cache", "the K cache", "(B_cache, S_max, H_kv, D)"),
     *_tensor("v_cache", "the V cache", "(B_cache, S_max, H_kv, D)"),
     Param("cache_seqlens", "const int* __restrict__", Pack.POINTER,
-          "int (B,): new token t of sequence b goes to cache row cache_seqlens[b] + t", "cache_seqlens"),
+          "int (B,): new token t of sequence b goes to key cache_seqlens[b] + t of its cache", "cache_seqlens"),
+    *_PAGES,
 )
 
 # Every mbarrier the family's kernels can have.

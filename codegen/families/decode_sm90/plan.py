@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import layouts
+from layouts.paged import PagedTile, paged_tile
 
 from codegen.abi import KernelABI
 from codegen.spec import MMA_K, ROWS_PER_CONSUMER, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SpecError
@@ -37,7 +38,8 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
-PAGE_SIZES = (0,)  # 0: a dense cache (paged caches: not yet)
+# 0: a dense cache; else rows per page of a paged cache: whole swizzle atoms (layouts.paged), at most a TMA box.
+PAGE_SIZES = (0, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,9 @@ class DecodeSpec:
         need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
              f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
         need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
-        need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: the decode kernel reads dense caches only "
-             "so far (page_size 0); paged caches are not yet generated")
+        need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: pages of {', '.join(map(str, PAGE_SIZES[1:]))} "
+             "rows are read by TMA (smaller pages would start off the 128-byte swizzle's 8-row pattern; a gathered "
+             "load for them is not written yet), 0 is a dense cache")
         need(self.block_n == 0 or (self.block_n % MMA_K == 0 and 64 <= self.block_n <= 256),
              f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
@@ -191,6 +194,15 @@ class Plan:
         return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
 
     @cached_property
+    def k_pages(self) -> PagedTile | None:
+        """How a K tile is gathered from a paged cache (None: dense), verified against the TMA model."""
+        return _paged(self.k, self.spec.page_size) if self.spec.page_size else None
+
+    @cached_property
+    def v_pages(self) -> PagedTile | None:
+        return _paged(self.v, self.spec.page_size) if self.spec.page_size else None
+
+    @cached_property
     def abi(self) -> KernelABI:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
         return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
@@ -302,6 +314,14 @@ class Plan:
 @functools.lru_cache(maxsize=256)
 def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
     return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _paged(tile: layouts.OperandDerivation, page_rows: int) -> PagedTile:
+    try:
+        return paged_tile(tile, page_rows)
+    except layouts.LayoutError as e:
+        raise SpecError(str(e)) from None
 
 
 def make_plan(spec: DecodeSpec) -> Plan:
