@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections import OrderedDict
 
 from layouts import LayoutError
 from layouts.dtypes import BY_TORCH_NAME
@@ -128,21 +127,12 @@ class DecodeLauncher:
         self._holder = dict(zip(plan.abi.names, self._args.holders))
         self._append_args = plan.append_abi.pack({p.name: 0 for p in plan.append_abi.params})
         self._append_holder = dict(zip(plan.append_abi.names, self._append_args.holders))
-        self._maps = {"k": OrderedDict(), "v": OrderedDict()}
+        from .launcher import TensorMapCache
+
+        self._maps = {op: TensorMapCache(map_params[op], MAPS_PER_CACHE) for op in ("k", "v")}
         self._loaded = {"k": None, "v": None}
         self._workspace: dict[int, tuple] = {}
         self._lock = threading.Lock()
-
-    def _map(self, op: str, address: int) -> bytes:
-        from . import driver
-
-        cache = self._maps[op]
-        encoded = cache.get(address)
-        if encoded is None:
-            encoded = cache[address] = driver.encode_tensor_map(self.map_params[op], address)
-            if len(cache) > MAPS_PER_CACHE:
-                cache.popitem(last=False)
-        return encoded
 
     def _workspace_for(self, stream: int, device):
         """(ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every launch, so
@@ -168,7 +158,7 @@ class DecodeLauncher:
         with self._lock:
             h = self._holder
             for op, cache in (("k", k_cache), ("v", v_cache)):
-                encoded = self._map(op, cache.data_ptr())
+                encoded = self._maps[op].get(cache.data_ptr())
                 if self._loaded[op] is not encoded:
                     import ctypes
 

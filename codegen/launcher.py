@@ -76,6 +76,22 @@ def stream_counter(device, stream: int) -> int:
     return counter[1]
 
 
+class TensorMapCache:
+    """The encoded tensor maps of one operand's shape and strides, by address, the `limit` latest kept."""
+
+    def __init__(self, params, limit: int):
+        self.params, self.limit = params, limit
+        self._encoded: OrderedDict[int, bytes] = OrderedDict()
+
+    def get(self, address: int) -> bytes:
+        encoded = self._encoded.get(address)
+        if encoded is None:
+            encoded = self._encoded[address] = driver.encode_tensor_map(self.params, address)
+            if len(self._encoded) > self.limit:
+                self._encoded.popitem(last=False)
+        return encoded
+
+
 class Launcher:
     def __init__(self, built, kernel, map_params: dict, fixed: dict, grid: tuple[int, int, int], device):
         """map_params: operand -> TensorMapParams of its (fixed) shape and strides; fixed: the other kernel
@@ -85,7 +101,7 @@ class Launcher:
         self.block, self.smem = plan.threads, plan.smem.total
         self.persistent = bool(plan.spec.persistent)
         self.map_params = map_params
-        self._maps = {op: OrderedDict() for op in map_params}
+        self._maps = {op: TensorMapCache(params, MAPS_PER_OPERAND) for op, params in map_params.items()}
         values = dict(fixed)
         values.update({f"tmap_{op}": bytes(driver.TENSOR_MAP_BYTES) for op in map_params})
         for p in plan.abi.params:
@@ -100,13 +116,7 @@ class Launcher:
         _load_driver_lib()
 
     def _map(self, op: str, address: int) -> bytes:
-        cache = self._maps[op]
-        encoded = cache.get(address)
-        if encoded is None:
-            encoded = cache[address] = driver.encode_tensor_map(self.map_params[op], address)
-            if len(cache) > MAPS_PER_OPERAND:
-                cache.popitem(last=False)
-        return encoded
+        return self._maps[op].get(address)
 
     def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int) -> None:
         """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp)."""

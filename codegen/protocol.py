@@ -22,9 +22,11 @@ the engine's operation has done: "the K block landed") is applied when it comple
 completion still in flight when every role has finished is refused too: nothing waits for it, so the CTA could
 exit with the load writing its shared memory.
 
-Families: decode_sm90/protocol.py (marks its TMA loads; checked under async completions, under which its odd
-ring with two key groups aliases), fwd_sm100/protocol.py, fwd_sm90/protocol.py (their producers' arrivals are
-TMA loads; their tests run them under async completions as well).
+Families: decode_sm90/protocol.py (marks its TMA loads and is checked under async completions, which catch
+an odd ring shared by two key groups aliasing, as a GPU launch faulted, where the immediate model passes it),
+fwd_sm100/protocol.py, fwd_sm90/protocol.py (their programs mark no engine; their tests pick the producer's
+arrivals, its TMA loads, by a callable and pass under both models; fwd_sm100's tcgen05.commit arrivals stay
+immediate).
 """
 
 from __future__ import annotations

@@ -1,17 +1,33 @@
 """The Hopper forward kernel's barrier protocol (codegen/families/fwd_sm90/protocol.py): no deadlock, aliased
 wait or overrun for the three tile loops the plan emits, across 0 to 3x the ring depth of key blocks and over
-tiles without keys; every dropped wait or release is caught; the model waits on what the kernel waits on."""
+tiles without keys; every dropped wait or release is caught; the model waits on what the kernel waits on. The
+producer's arrivals are TMA loads' completions, checked as landing in any order after their issue
+(codegen/protocol.py's async_completions); the immediate model runs as well."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 
+import codegen.protocol
 from codegen.build import build
 from codegen.families.fwd_sm90 import protocol
 from codegen.protocol import ProtocolError
 from codegen.spec import KernelSpec
+
+
+def _producer_loads(role, step):
+    """The producer's arrivals: its TMA loads' completions (Q, K, V; the persistent loop's closing QFull arrival
+    is a plain one, but the producer's last step, so taking it late adds no interleaving)."""
+    return role == "producer"
+
+
+@pytest.fixture(autouse=True)
+def tma_loads_land_in_any_order(monkeypatch):
+    """protocol.check runs under asynchronous TMA completions (the family's programs do not mark their engines)."""
+    monkeypatch.setattr(protocol, "run", functools.partial(codegen.protocol.run, async_completions=_producer_loads))
 
 
 @pytest.mark.parametrize("stages", (2, 3, 4))
@@ -32,6 +48,16 @@ def test_persistent_tiles(stages, overlap, pingpong):
                        seed=len(tiles))
 
 
+@pytest.mark.parametrize("stages", (2, 3))
+def test_the_immediate_model_passes_as_well(monkeypatch, stages):
+    monkeypatch.setattr(protocol, "run", codegen.protocol.run)
+    for n in range(0, 3 * stages + 1):
+        protocol.check(stages, n, persistent=False, overlap=False, schedules=15, seed=n)
+    for overlap in (False, True):
+        for tiles in ([1, 1], [2 * stages + 1, 1, 3], [3, 3, 3, 3]) + (() if overlap else ([1, 0, 3], [2, 0])):
+            protocol.check(stages, tiles, persistent=True, overlap=overlap, schedules=15, seed=len(tiles))
+
+
 @pytest.mark.parametrize("role, kind, name, overlap, pingpong, message", [
     ("producer", "wait", "KEmpty", False, True, "K slot .* loaded with block .* before both consumers read"),
     ("producer", "wait", "VEmpty", False, True, "V slot .* loaded with block .* before both consumers read"),
@@ -42,9 +68,12 @@ def test_persistent_tiles(stages, overlap, pingpong):
     ("consumer1", "arrive", "KEmpty", False, True, "deadlock"),
     ("consumer1", "signal", "Turn", False, True, "deadlock"),
 ])
-def test_a_dropped_wait_or_release_is_caught(monkeypatch, role, kind, name, overlap, pingpong, message):
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_a_dropped_wait_or_release_is_caught(monkeypatch, role, kind, name, overlap, pingpong, message, model):
     """(Under tile_overlap the Q-empty wait before staging the pending O cannot be missed: the next tile's Q,
     which the consumer waited for first, is loaded only after that same phase. The kernel keeps the wait.)"""
+    if model == "immediate":
+        monkeypatch.setattr(protocol, "run", codegen.protocol.run)
     real = protocol.programs
 
     def without(*args, **kwargs):

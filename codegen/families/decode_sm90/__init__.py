@@ -10,7 +10,7 @@ from layouts.paged import SubLoad
 from codegen.abi import MBARRIER_BYTES
 
 from .. import Family
-from ..fwd_sm90 import describe_descriptors
+from ..fwd_sm90 import mma_operands
 from . import abi as decode_abi
 from .plan import CONSUMER_REGS, PRODUCER_REGS, DecodeSpec, Plan, make_plan, resolve
 
@@ -91,17 +91,9 @@ def context(plan: Plan) -> dict:
         "v_vector_elems": plan.v_row_vector_elems,
         "smem": plan.smem,
         "smem_align": plan.smem_align,
-        "q_desc": plan.q.descriptors(),
-        "k_desc": plan.k.descriptors(),
-        "v_desc": plan.v.descriptors(),
-        "q_desc_fields": describe_descriptors(plan.q.descriptors()),
-        "k_desc_fields": describe_descriptors(plan.k.descriptors()),
-        "v_desc_fields": describe_descriptors(plan.v.descriptors()),
-        "k_trans": plan.k.mma_transpose,
-        "v_trans": plan.v.mma_transpose,
+        **mma_operands(plan),
         "q_offset_c": plan.q.formula_c,
         "v_offset_c": plan.v.formula_c,
-        "desc_address_shift": plan.desc_address_shift,
         "acc": fragments.wgmma_accumulator_c(),
         "tma_rank": tma_rank,
         "tma_tiles": tma_tiles,

@@ -135,6 +135,9 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     # With two key groups, block j goes to group j % 2 and sits in slot j % stages: an even ring gives each group
     # slots of its own. An odd one would have a group wait on a slot's next phase while the other group's block
     # before it is still landing, and pass on the older phase of the same parity (a ring of 3 faulted so).
+    # tests/test_protocol_decode.py reproduces it on the CPU: this family's protocol.py, run with TMA loads landing
+    # in any order (codegen/protocol.py's async_completions), finds the aliased wait on every odd ring from
+    # stages + 1 blocks on; the model where loads complete at once passes it.
     step = Plan(spec).key_groups
     if spec.stages % step:
         raise SpecError(f"{spec.name}: with {step} key groups the ring's stages must be a multiple of {step}")

@@ -9,7 +9,9 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
 * The producer, for block j in slot s = j % stages: past the first lap it waits for KEmpty[s]'s phase of block
   j - stages, issues the TMA load of K (the copy engine writes the slot from then on) and the load's completion
   arrives on KFull[s] when it lands; then the same for V. The completions are asynchronous events
-  (`engine="tma"`): issued in order, landing in any order (codegen/protocol.py).
+  (`engine="tma"`): issued in order, landing in any order (codegen/protocol.py). A paged cache's block is
+  several loads on one barrier whose expect_tx counts all their bytes, so its phase completes when the last
+  lands: one completion here too.
 * Key group g takes blocks j = g, g + key_groups, ...: it waits for KFull[s]'s phase j // stages, runs QK, and
   (its wgmma waited) each warp releases KEmpty[s]; then VFull[s], PV, VEmpty[s]. Every row group reads every
   block it is given, so a slot's release counts 4 x row_groups arrivals. With `tail`, the last block holds the

@@ -74,6 +74,17 @@ def describe_descriptors(values: list[int], kind: str = "wgmma") -> str:
     return "; ".join(f"start {d.start_address} B, {rest(d)}" for d in decoded)
 
 
+def mma_operands(plan) -> dict:
+    """The wgmma operands' template values of a plan with q, k, v derivations: each k-slice's descriptor and
+    its decoded fields, the transpose bits, the descriptor address shift."""
+    values = {"desc_address_shift": plan.desc_address_shift, "k_trans": plan.k.mma_transpose,
+              "v_trans": plan.v.mma_transpose}
+    for name in "qkv":
+        descriptors = getattr(plan, name).descriptors()
+        values[f"{name}_desc"], values[f"{name}_desc_fields"] = descriptors, describe_descriptors(descriptors)
+    return values
+
+
 def context(plan: Plan) -> dict:
     s = plan.spec
     tail_n = plan.tail_n
@@ -121,15 +132,7 @@ def context(plan: Plan) -> dict:
         "consumer_regs": CONSUMER_REGS,
         "smem": plan.smem,
         "smem_align": plan.smem_align,
-        "q_desc": plan.q.descriptors(),
-        "k_desc": plan.k.descriptors(),
-        "v_desc": plan.v.descriptors(),
-        "q_desc_fields": describe_descriptors(plan.q.descriptors()),
-        "k_desc_fields": describe_descriptors(plan.k.descriptors()),
-        "v_desc_fields": describe_descriptors(plan.v.descriptors()),
-        "k_trans": plan.k.mma_transpose,
-        "v_trans": plan.v.mma_transpose,
-        "desc_address_shift": plan.desc_address_shift,
+        **mma_operands(plan),
         "o_offset_c": plan.o.formula_c,
         "acc": fragments.wgmma_accumulator_c(),
         "tma_ranks": sorted({op.tensor_map.rank for op in (plan.q, plan.k, plan.v, plan.o)}),
