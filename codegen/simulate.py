@@ -10,13 +10,21 @@ derived column plan (layouts.tcgen05); the online softmax, the conditional resca
 the Blackwell forward kernel (codegen/families/fwd_sm100: the tile's key blocks from the plan's kv_range, ring
 slot G % stages and TMEM S buffer G % 2 for its G-th block, the band mask of causal and sliding windows, the
 soft cap with the row max capped once). One query tile is simulated, by default the last (the one a left window
-starts latest). The output is compared with float64 attention, within twice the error of the same
+starts latest).
+
+Varlen (`--varlen 100,300:77,...`: query lengths, each with its key length after a colon, else the same): the
+sequences are packed back to back in global memory as the API packs them, the tensor maps see one batch entry of
+total rows, and each sequence's every tile is simulated as the varlen kernel runs it: its lengths from the
+offsets, Q from the sequence's first packed row (rows past its end are the next sequence's, computed and never
+compared), key blocks from its first key rounded down to the V map's groups of 8 (the keys before it and past
+its end are the neighbours' and must be masked), tiles_m of the longest sequence with the tiles past a
+sequence's end skipped. The output is compared with float64 attention, within twice the error of the same
 computation done directly in the inputs' dtype (no layouts): a layout, descriptor, box or TMEM column that is
 wrong moves elements and fails by far more.
 
 Injected faults show the model can fail: the seed's wrong V formula (`n_vec ^ (k & 6)`, V staged by it instead
-of by TMA), P written one 16-key slice off in TMEM, the seed's 4-D V box, and a window's left bound one key too
-wide.
+of by TMA), P written one 16-key slice off in TMEM, the seed's 4-D V box, a window's left bound one key too
+wide, and (varlen) the band not shifted by a sequence's first key mod 8 (its blocks start at the key group).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from layouts.tma import TensorMapParams, place_box
 from .families import fwd_sm100
 from .spec import MMA_K, KernelSpec
 
-FAULTS = ("seed_v_formula", "p_column", "v_box_4d", "window_off_by_one")
+FAULTS = ("seed_v_formula", "p_column", "v_box_4d", "window_off_by_one", "varlen_key_shift")
 LOG2E = 1.4426950408889634
 
 
@@ -83,6 +91,7 @@ class SimResult:
     worst_row_yardstick: float
     fault: str | None
     tile: int = 0
+    sequence: tuple | None = None  # varlen: (index, seq_q, seq_k, q_start, k_start)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +103,9 @@ class SimResult:
         fault = f", fault injected: {self.fault}" if self.fault else ""
         mask = "".join((" causal" if s.causal else "", f" window={s.window}" if s.window != (-1, -1) else "",
                         f" softcap={s.softcap:g}" if s.softcap else ""))
-        return (f"simulate {s.arch} S_k={s.keys} D={s.head_dim} {s.dtype} block_n={s.block_n}{mask} tile {self.tile}"
+        where = (f"S_k={s.keys}" if self.sequence is None else
+                 "varlen sequence {} (S_q={}, S_k={}, rows from {}, keys from {})".format(*self.sequence))
+        return (f"simulate {s.arch} {where} D={s.head_dim} {s.dtype} block_n={s.block_n}{mask} tile {self.tile}"
                 f"{fault}: rel err "
                 f"{self.rel_err:.3e} (same-dtype computation {self.yardstick:.3e}), worst row {self.worst_row_err:.3e} "
                 f"({self.worst_row_yardstick:.3e}): {'PASS' if self.ok else 'FAIL'}")
@@ -141,6 +152,8 @@ def band_keep(queries: int, keys: int, bounds: tuple[int, int]) -> np.ndarray:
 
 
 def _reference(q, k, v, scale, keep, softcap):
+    if not k.shape[0]:  # a sequence without keys: every row outputs 0
+        return np.zeros((q.shape[0], v.shape[1]))
     scores = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
     if softcap:
         scores = softcap * np.tanh(scores / softcap)
@@ -153,6 +166,8 @@ def _reference(q, k, v, scale, keep, softcap):
 
 def _same_dtype(q, k, v, scale, keep, softcap, dtype):
     """The flash computation with no layouts: f32 products, P rounded to the dtype before PV."""
+    if not k.shape[0]:
+        return np.zeros((q.shape[0], v.shape[1]), dtype=np.float32)
     s = (q @ k.T).astype(np.float32) * np.float32(scale)
     if softcap:
         s = (np.float32(softcap) * np.tanh(s / np.float32(softcap))).astype(np.float32)
@@ -164,31 +179,75 @@ def _same_dtype(q, k, v, scale, keep, softcap, dtype):
     return (pr @ v) / np.where(total > 0, total, 1)
 
 
-def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None, tile: int = -1) -> SimResult:
+def simulate(spec: KernelSpec, *, seed_value: int = 0, fault: str | None = None, tile: int = -1,
+             lengths=None, sequence: int = 0) -> SimResult:
     """One 128-row query tile of `spec` (batch 1, one head; `tile` counts from the end when negative) over the
-    key blocks the kernel visits for it."""
+    key blocks the kernel visits for it. `lengths`: a varlen batch, (seq_q, seq_k) per sequence, packed back to
+    back; the tile is one of sequence `sequence`'s (simulate_varlen runs them all)."""
     with np.errstate(invalid="ignore", over="ignore"):  # an injected fault may turn P's bits into NaN
-        return _simulate(spec, seed_value, fault, tile)
+        return _simulate(spec, seed_value, fault, tile, lengths, sequence)
 
 
-def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int) -> SimResult:
+def varlen_spec(spec: KernelSpec, lengths) -> KernelSpec:
+    """The varlen kernel's spec for a batch of (seq_q, seq_k) lengths: the max lengths' buckets (codegen.api)."""
+    from .api import _length_bucket
+
+    return spec.replace(varlen=True, seq_len=_length_bucket(max(max(q for q, _ in lengths), 1)),
+                        seq_len_k=_length_bucket(max(max(k for _, k in lengths), 1)))
+
+
+def simulate_varlen(spec: KernelSpec, lengths, *, seed_value: int = 0, fault: str | None = None) -> list[SimResult]:
+    """Every tile the varlen kernel computes for the batch `lengths`, (seq_q, seq_k) per sequence: per
+    sequence, the tiles inside its queries (the kernel skips the rest)."""
+    results = []
+    for b, (seq_q, _) in enumerate(lengths):
+        for m_block in range(-(-seq_q // fwd_sm100.TILE_M)):
+            results.append(simulate(spec, seed_value=seed_value, fault=fault, tile=m_block, lengths=lengths, sequence=b))
+    return results
+
+
+def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int, lengths, sequence: int) -> SimResult:
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
-    plan = fwd_sm100.Plan(fwd_sm100.resolve(spec.replace(seq_len=max(spec.seq_len, fwd_sm100.TILE_M))))
+    if lengths is None:
+        plan = fwd_sm100.Plan(fwd_sm100.resolve(spec.replace(seq_len=max(spec.seq_len, fwd_sm100.TILE_M))))
+        lengths, sequence = [(plan.spec.seq_len, plan.spec.keys)], 0
+        varlen = False
+        if fault == "varlen_key_shift":
+            raise ValueError("the varlen_key_shift fault needs a varlen batch (--varlen)")
+    else:
+        lengths = [(int(q), int(k)) for q, k in lengths]
+        if min(min(q, k) for q, k in lengths) < 0 or not 0 <= sequence < len(lengths):
+            raise ValueError(f"varlen lengths {lengths}, sequence {sequence}: lengths >= 0, a sequence of them")
+        plan = fwd_sm100.Plan(fwd_sm100.resolve(varlen_spec(spec, lengths)))
+        varlen = True
     s = plan.spec
     d, bn, dtype, e = s.head_dim, s.block_n, s.dtype, s.elem_bytes
-    rows, queries, keys = fwd_sm100.TILE_M, s.seq_len, s.keys
-    if not -plan.m_blocks <= tile < plan.m_blocks:
-        raise ValueError(f"tile {tile}: the queries make {plan.m_blocks} tiles of {rows} rows")
-    m_block = tile % plan.m_blocks
+    rows = fwd_sm100.TILE_M
+    # The packed batch: sequence b's queries are rows [cu_q[b], cu_q[b + 1]), its keys [cu_k[b], cu_k[b + 1]).
+    cu_q, cu_k = np.cumsum([0] + [q for q, _ in lengths]), np.cumsum([0] + [k for _, k in lengths])
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    queries, keys = lengths[sequence]
+    q_start, k_start = int(cu_q[sequence]), int(cu_k[sequence])
+    if total_k % fwd_sm100.KEY_GROUP:
+        raise ValueError(f"{total_k} packed keys: the V map walks keys in groups of {fwd_sm100.KEY_GROUP}")
+    m_blocks = -(-queries // rows)
+    if not -m_blocks <= tile < m_blocks:
+        raise ValueError(f"tile {tile}: the queries make {m_blocks} tiles of {rows} rows")
+    m_block = tile % m_blocks
+    # The varlen tile's keys: blocks from the sequence's first key rounded down to a key group, the band shifted
+    # by the keys of the previous sequence before it (the kernel's Tile::key_shift).
+    key_shift = k_start % fwd_sm100.KEY_GROUP if varlen else 0
+    k_base = k_start - key_shift
+    band_shift = 0 if fault == "varlen_key_shift" else key_shift
     rng = np.random.default_rng(seed_value)
     tensors = {name: from_bits(to_bits(rng.standard_normal((n, d)).astype(np.float32), dtype), dtype)
-               for name, n in (("q", queries), ("k", keys), ("v", keys))}
-    # Global memory: q, k, v back to back, (S, 1 head, D) contiguous, 16-byte aligned.
+               for name, n in (("q", total_q), ("k", total_k), ("v", total_k))}
+    # Global memory: q, k, v back to back, (total, 1 head, D) contiguous, 16-byte aligned.
     base, offset = {}, 0
     for name, t in tensors.items():
         base[name] = offset
-        offset += -(-t.size * e // 1024) * 1024
+        offset += -(-max(t.size, 1) * e // 1024) * 1024
     gmem = np.zeros(offset, dtype=np.uint8)
     for name, t in tensors.items():
         bits = to_bits(t, dtype).ravel()
@@ -203,8 +262,9 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int) -
         return getattr(plan, op).tensor_map.instantiate(batch=1, seq_len=seq, heads=1, stride_b=seq * d, stride_s=d,
                                                        stride_h=d, base_address=base[op])
 
-    machine.tma_load(params("q", queries), plan.q.tensor_map.box_origin(batch_index=0, seq_start=m_block * rows,
-                                                                        head=0, seq_len=queries), q_tile)
+    machine.tma_load(params("q", total_q), plan.q.tensor_map.box_origin(batch_index=0,
+                                                                        seq_start=q_start + m_block * rows,
+                                                                        head=0, seq_len=total_q), q_tile)
     tm = plan.tmem
     o_col = tm.regions[-1].first_column
     p_shift = MMA_K * e // 4 if fault == "p_column" else 0  # the fault: P written one slice past where it is read
@@ -212,37 +272,39 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int) -
     # The soft cap's factors in and out of the tanh, in units of s (the kernel's Softcap).
     cap_in = np.float32(scale_log2 * np.float32(math.log(2)) / np.float32(s.softcap)) if s.softcap else None
     cap_out = np.float32(1) / cap_in if s.softcap else None
-    # Each row's band [lo, hi] (the kernel's Band): the window's bounds from the row's diagonal, cut to the keys.
+    # Each row's band [lo, hi] (the kernel's Band): the window's bounds from the row's diagonal, cut to the keys,
+    # in tile key positions (a sequence key plus the shift).
     left, right = plan.window_bounds
     diagonal = m_block * rows + np.arange(rows) + keys - queries
-    band_lo = diagonal - left - (fault == "window_off_by_one") if left >= 0 else np.zeros(rows, dtype=np.int64)
-    band_hi = np.minimum(keys - 1, diagonal + right) if right >= 0 else np.full(rows, keys - 1)
+    band_lo = band_shift + (np.maximum(0, diagonal - left - (fault == "window_off_by_one")) if left >= 0
+                            else np.zeros(rows, dtype=np.int64))
+    band_hi = band_shift + (np.minimum(keys - 1, diagonal + right) if right >= 0 else np.full(rows, keys - 1))
     row_max = np.full(rows, -np.inf, dtype=np.float32)
     row_sum = np.zeros(rows, dtype=np.float32)
     machine.tmem[:, o_col:o_col + d] = 0x7FC00000  # NaN, as if a previous tile's O were there: the first PV overwrites
     packed_per_slice = MMA_K * e // 4
-    kv_first, n_kv = plan.kv_range(m_block)
+    kv_first, n_kv = plan.kv_range(m_block, queries, keys, key_shift)
     for G, j in enumerate(range(kv_first, kv_first + n_kv)):
         # The forward kernel's buffers for its G-th block: ring slot G % stages, TMEM S buffer G % 2 (P over it).
         k_tile = smem_base + plan.smem.k + (G % s.stages) * plan.k.smem_bytes
         v_tile = smem_base + plan.smem.v + (G % s.stages) * plan.v.smem_bytes
         s_col = p_col = tm.regions[G % 2].first_column
         p_write_col = p_col + p_shift
-        k_params = params("k", keys)
-        machine.tma_load(k_params, plan.k.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0, seq_len=keys),
-                         k_tile)
+        row0 = k_base + j * bn  # the block's first packed key row
+        machine.tma_load(params("k", total_k), plan.k.tensor_map.box_origin(batch_index=0, seq_start=row0, head=0,
+                                                                            seq_len=total_k), k_tile)
         if fault == "seed_v_formula":  # the seed's V46: V staged by its wrong formula, not by the tensor map
             v_block = np.zeros((bn, d), dtype=np.float32)
-            hi = min(keys, (j + 1) * bn)
-            v_block[:hi - j * bn] = tensors["v"][j * bn:hi]
+            hi = min(total_k, row0 + bn)
+            v_block[:hi - row0] = tensors["v"][row0:hi]
             _place_by_formula(machine, seed.WRONG_N_VEC_C, to_bits(v_block, dtype), v_tile)
         elif fault == "v_box_4d":  # the seed's 4-D map walks the two atoms side by side in each row
-            four_d = seed.four_d_box(heads=1, seq_len=keys)
+            four_d = seed.four_d_box(heads=1, seq_len=total_k)
             four_d = dataclasses.replace(four_d, global_address=base["v"], dtype=dtype)
-            machine.tma_load(four_d, (0, 0, 0, j * bn), v_tile)
+            machine.tma_load(four_d, (0, 0, 0, row0), v_tile)
         else:
-            machine.tma_load(params("v", keys), plan.v.tensor_map.box_origin(batch_index=0, seq_start=j * bn, head=0,
-                                                                             seq_len=keys), v_tile)
+            machine.tma_load(params("v", total_k), plan.v.tensor_map.box_origin(batch_index=0, seq_start=row0, head=0,
+                                                                                seq_len=total_k), v_tile)
         # S = Q K^T, one tcgen05.mma per 16-wide slice of the head dim, accumulated in TMEM (f32).
         s_block = np.zeros((rows, bn), dtype=np.float32)
         for kk in range(d // MMA_K):
@@ -283,12 +345,15 @@ def _simulate(spec: KernelSpec, seed_value: int, fault: str | None, tile: int) -
     o = machine.tmem[:, o_col:o_col + d].view(np.float32) if n_kv else np.zeros((rows, d), np.float32)
     out = o * np.where(row_sum > 0, 1 / np.where(row_sum > 0, row_sum, 1), 0)[:, None]
     valid = slice(m_block * rows, min((m_block + 1) * rows, queries))  # rows past S_q are computed, never stored
-    q, k, v = tensors["q"][valid], tensors["k"], tensors["v"]
+    q = tensors["q"][q_start + valid.start:q_start + valid.stop]
+    k, v = tensors["k"][k_start:k_start + keys], tensors["v"][k_start:k_start + keys]
     keep = band_keep(queries, keys, plan.window_bounds)[valid]
     ref = _reference(q, k, v, 1 / math.sqrt(d), keep, s.softcap)
     same = _same_dtype(q, k, v, 1 / math.sqrt(d), keep, s.softcap, dtype)
     out = out[:valid.stop - valid.start]
-    return SimResult(s, _rel(out, ref), _rel(same, ref), _worst_row(out, ref), _worst_row(same, ref), fault, m_block)
+    where = (sequence, queries, keys, q_start, k_start) if varlen else None
+    return SimResult(s, _rel(out, ref), _rel(same, ref), _worst_row(out, ref), _worst_row(same, ref), fault, m_block,
+                     where)
 
 
 def simulate_main(argv: list[str]) -> int:
@@ -311,6 +376,10 @@ def simulate_main(argv: list[str]) -> int:
     window_arguments(parser)
     parser.add_argument("--tile", type=int, default=-1,
                         help="the query tile to simulate, negative from the end (default -1: the last)")
+    parser.add_argument("--varlen", default="", metavar="Q[:K],...",
+                        help="a varlen batch: each sequence's query length, with its key length after a colon (else "
+                             "the same), packed back to back; every tile of every sequence is simulated (--shape's S "
+                             "and --tile are not used)")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed")
     parser.add_argument("--inject-seed-bug", action="store_true",
                         help="stage V by the seed's wrong formula (n_vec ^ (k & 6)); must end in FAIL")
@@ -320,10 +389,29 @@ def simulate_main(argv: list[str]) -> int:
         s, h, d = (int(x) for x in args.shape.split(","))
         spec = KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, arch=args.arch, block_n=args.block_n,
                           causal=args.causal, window=parse_window(args.window), softcap=args.softcap)
-        result = simulate(spec, seed_value=args.seed, fault="seed_v_formula" if args.inject_seed_bug else args.fault,
-                          tile=args.tile)
-    except ValueError as e:  # SpecError, LayoutError, a malformed --shape
+        fault = "seed_v_formula" if args.inject_seed_bug else args.fault
+        if args.varlen:
+            lengths = parse_varlen_lengths(args.varlen)
+            results = simulate_varlen(spec, lengths, seed_value=args.seed, fault=fault)
+        else:
+            results = [simulate(spec, seed_value=args.seed, fault=fault, tile=args.tile)]
+    except ValueError as e:  # SpecError, LayoutError, a malformed --shape or --varlen
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(result.summary())
-    return 0 if result.ok else 1
+    for result in results:
+        print(result.summary())
+    ok = all(r.ok for r in results)
+    if args.varlen:
+        print(f"varlen: {len(results)} tiles of {len(lengths)} sequences {lengths}: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def parse_varlen_lengths(text: str) -> list[tuple[int, int]]:
+    """--varlen's Q[:K],... -> [(seq_q, seq_k), ...]."""
+    try:
+        lengths = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--varlen expects Q[:K],... (integers), got {text!r}") from None
+    if any(len(n) not in (1, 2) or min(n) < 0 for n in lengths):
+        raise ValueError(f"--varlen expects Q[:K],... of lengths >= 0, got {text!r}")
+    return [(n[0], n[-1]) for n in lengths]

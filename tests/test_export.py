@@ -143,7 +143,9 @@ def test_varlen_launcher_passes_the_offsets_and_sizes_tiles_by_the_longest(tmp_p
 # Blackwell bundles (the fwd_sm100 ABI: O stored without a tensor map, V by the 5-D key-group map), for nvcc's
 # compute_100a and compute_103a targets.
 BLACKWELL = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a", causal=True, kv_heads=2)),
-             resolve(KernelSpec(seq_len=1000, heads=4, head_dim=64, arch="sm_100a", dtype="bf16"))]
+             resolve(KernelSpec(seq_len=1000, heads=4, head_dim=64, arch="sm_100a", dtype="bf16")),
+             resolve(KernelSpec(seq_len=2048, heads=16, head_dim=128, arch="sm_103a", causal=True, kv_heads=4,
+                                varlen=True))]
 
 
 @pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + BLACKWELL, ids=lambda s: s.name)

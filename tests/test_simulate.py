@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.simulate import FAULTS, simulate, simulate_main
+from codegen.simulate import FAULTS, simulate, simulate_main, simulate_varlen
 from codegen.spec import KernelSpec, SpecError
 
 
@@ -22,8 +22,10 @@ def test_the_derived_path_carries_attention(arch, keys, head_dim, dtype):
 @pytest.mark.parametrize("fault", FAULTS)
 def test_every_injected_fault_fails(fault):
     window = (64, 0) if fault == "window_off_by_one" else (-1, -1)  # a left bound to be off by one
+    # The varlen fault needs a sequence whose first key is off the 8-key groups.
+    varlen = dict(lengths=[(100, 203), (300, 301)], sequence=1) if fault == "varlen_key_shift" else {}
     result = simulate(KernelSpec(seq_len=1024, heads=1, head_dim=128, dtype="f16", arch="sm_103a", window=window),
-                      fault=fault)
+                      fault=fault, **varlen)
     assert not result.ok and result.summary().endswith("FAIL"), result.summary()
 
 
@@ -113,3 +115,51 @@ def test_the_cli_takes_window_and_softcap(capsys):
     assert capsys.readouterr().out.strip().endswith("FAIL")
     assert simulate_main(["--shape", "512,1,64", "--window", "32"]) == 2
     assert "--window expects LEFT,RIGHT" in capsys.readouterr().err
+
+
+# Ragged batches, packed as the API packs them: empty query sequences, sequences without keys, first keys off the
+# 8-key groups, S_q > S_k (rows that see no key), and tiles whose loads run into the neighbouring sequences.
+RAGGED = [[(100, 300), (0, 37), (260, 261), (1, 0), (130, 5), (77, 5)],
+          [(300, 511), (5, 1), (200, 200)],
+          [(129, 1000), (384, 100), (1, 3), (7, 9)]]
+
+
+@pytest.mark.parametrize("arch", ("sm_100a", "sm_103a"))
+@pytest.mark.parametrize("head_dim, dtype, options", [
+    (64, "bf16", dict(causal=True)), (128, "f16", dict()), (96, "f16", dict(window=(64, 0), softcap=20.0)),
+    (128, "bf16", dict(window=(16, 37))), (256, "bf16", dict(causal=True, window=(100, 0)))])
+@pytest.mark.parametrize("lengths", RAGGED, ids=lambda l: f"{len(l)}seqs")
+def test_varlen_tiles_carry_attention(arch, head_dim, dtype, options, lengths):
+    spec = KernelSpec(seq_len=128, heads=1, head_dim=head_dim, dtype=dtype, arch=arch, **options)
+    results = simulate_varlen(spec, lengths)
+    assert len(results) == sum(-(-q // 128) for q, _ in lengths)  # every tile inside a sequence, none past it
+    assert all(r.spec.varlen for r in results)
+    for r in results:
+        assert r.ok, r.summary()
+
+
+def test_varlen_without_the_key_shift_fails():
+    """The band left unshifted by a sequence's first key mod 8 reads the previous sequence's keys: FAIL, but only
+    for sequences that start off the key groups."""
+    lengths = [(100, 300), (260, 261), (130, 7)]  # keys from 0, 300 (shift 4) and 561 (shift 1)
+    spec = KernelSpec(seq_len=128, heads=1, head_dim=64, dtype="bf16", arch="sm_103a")
+    ok = {r.sequence[0]: r.ok for r in simulate_varlen(spec, lengths, fault="varlen_key_shift")}
+    assert ok == {0: True, 1: False, 2: False}
+
+
+def test_varlen_refusals():
+    spec = KernelSpec(seq_len=128, heads=1, head_dim=64, arch="sm_103a")
+    with pytest.raises(ValueError, match="groups of 8"):
+        simulate(spec, lengths=[(10, 10), (10, 11)])
+    with pytest.raises(ValueError, match="needs a varlen batch"):
+        simulate(spec, fault="varlen_key_shift")
+
+
+def test_the_cli_takes_varlen(capsys):
+    assert simulate_main(["--shape", "128,1,64", "--arch", "sm_100a", "--varlen", "300:511,5:1,200", "--causal"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 3 + 1 + 2 + 1 and out[-1].endswith("PASS") and "varlen: 6 tiles of 3 sequences" in out[-1]
+    assert simulate_main(["--shape", "128,1,64", "--varlen", "300:511,5:1,200", "--fault", "varlen_key_shift"]) == 1
+    assert capsys.readouterr().out.strip().endswith("FAIL")
+    assert simulate_main(["--shape", "128,1,64", "--varlen", "3:x"]) == 2
+    assert "--varlen expects" in capsys.readouterr().err

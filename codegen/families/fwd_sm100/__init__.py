@@ -12,8 +12,11 @@ The barrier protocol is `protocol()` (checked for deadlock on the CPU, tests/tes
 Status: compiled for both architectures and checked by SASS, the layout models and codegen/simulate.py (the
 same dataflow on the CPU). It has not run on a GPU: no Blackwell is lent here. PV runs in the spec's split,
 each chunk once its part of P is written; causal, sliding windows (left and right, bottom-right aligned, the
-key blocks outside a tile's band skipped) and softcap as the Hopper kernel has them. Not yet: a dynamic tile
-scheduler, varlen; `resolve` refuses them with the reason.
+key blocks outside a tile's band skipped) and softcap as the Hopper kernel has them, and variable-length
+batches with the Hopper family's semantics (packed (total, H, D) tensors, cu_seqlens_q/k, the kernel specialized
+on the max lengths; every role skips the tiles past their sequence's query end, so the barrier phases stay in
+step; loads that run into the next sequence are masked, rows past the end never stored, lse (H, total_q)).
+Not yet: a dynamic tile scheduler; `resolve` refuses it with the reason.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ import layouts
 from layouts import tcgen05
 
 from codegen import policy
-from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI, Pack, Param
+from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, GridError, KernelABI, Pack, Param
 from codegen.spec import MMA_K, KernelSpec, SpecError
 
 from .. import Family
 from ..common import descriptor_address_shift, normalized_window, tma_origin_c, window_bounds
 from ..fwd_sm90 import tma_tiles
-from ..fwd_sm90.abi import LOG2E
+from ..fwd_sm90.abi import CU_SEQLENS, LOG2E, TILES_M
 
 ARCHS = ("sm_100a", "sm_103a")
 TILE_M = 128
@@ -49,25 +52,35 @@ TMEM_CHUNK = 32
 MAX_PASS_COLUMNS = 224
 O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
 
-_PARAMS = (
-    tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP, f"CUtensorMap of {op} (layouts/ derives it)", f"maps[{i}]")
-          for i, op in enumerate("qkv"))
-    + (Param("o_gmem", "unsigned char* __restrict__", Pack.POINTER, "o's base address (B, S, H, D)",
-             "static_cast<unsigned char*>(o)"),
-       Param("o_batch_bytes", "long long", Pack.I64, "o's batch stride in bytes", "o_batch_bytes"),
-       Param("o_row_bytes", "long long", Pack.I64, "o's sequence stride in bytes", "o_row_bytes"),
-       Param("o_head_bytes", "long long", Pack.I64, "o's head stride in bytes", "o_head_bytes"),
-       Param("lse_out", "float* __restrict__", Pack.POINTER, "float (B, H, S) logsumexp; null: not written", "lse"),
-       Param("batches", "int", Pack.I32, "batch entries (the CTAs walk ceil(S / 128) x heads x batches tiles)",
-             "batch"),
-       Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2")))
+_MAPS = tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP, f"CUtensorMap of {op} (layouts/ derives it)",
+                    f"maps[{i}]") for i, op in enumerate("qkv"))
+_O_GMEM = Param("o_gmem", "unsigned char* __restrict__", Pack.POINTER,
+                "o's base address: (B, S, H, D), or (total_q, H, D) packed when varlen", "static_cast<unsigned char*>(o)")
+_O_BATCH = Param("o_batch_bytes", "long long", Pack.I64, "o's batch stride in bytes", "o_batch_bytes")
+_O_ROWS = (Param("o_row_bytes", "long long", Pack.I64, "o's sequence stride in bytes (varlen: between packed rows)",
+                 "o_row_bytes"),
+           Param("o_head_bytes", "long long", Pack.I64, "o's head stride in bytes", "o_head_bytes"))
+_LSE = Param("lse_out", "float* __restrict__", Pack.POINTER,
+             "float (B, H, S) logsumexp (varlen: (H, total_q)); null: not written", "lse")
+_BATCHES = Param("batches", "int", Pack.I32, "batch entries, sequences when varlen (the CTAs walk tiles_m x heads x "
+                 "batches tiles)", "batch")
+_SCALE = Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2")
+
+# Every parameter the family's kernels take, in order (the device-side Params has them all); a kernel takes
+# those of its mode. Varlen reads the sequences' offsets (the Hopper family's parameters) and walks the query
+# tiles of the longest query sequence (tiles_m); fixed lengths step O by the batch stride instead.
+FAMILY_PARAMS = _MAPS + CU_SEQLENS + (_O_GMEM, _O_BATCH) + _O_ROWS + (_LSE, TILES_M, _BATCHES, _SCALE)
+_FIXED_PARAMS = _MAPS + (_O_GMEM, _O_BATCH) + _O_ROWS + (_LSE, _BATCHES, _SCALE)
+_VARLEN_PARAMS = _MAPS + CU_SEQLENS + (_O_GMEM,) + _O_ROWS + (_LSE, TILES_M, _BATCHES, _SCALE)
+# The V map walks keys in groups of 8 (the seed's 5-D map): a varlen sequence's key blocks start at its first
+# packed key rounded down to 8, the keys before it (the previous sequence's) masked.
+KEY_GROUP = 8
 
 
 def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in ARCHS:
         raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
-    unsupported = [name for name, on in (("varlen", spec.varlen), ("one CTA per tile", spec.persistent is False),
-                                         ("trace", spec.trace)) if on]
+    unsupported = [name for name, on in (("one CTA per tile", spec.persistent is False), ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
     keys = spec.keys
@@ -140,7 +153,8 @@ class Plan:
             Barrier("PvDone", 1, 1, "the last PV issued is done (tcgen05.commit)"),
             Barrier("QEmpty", 1, 1, "the tile's last QK has read Q (tcgen05.commit)"),
         )
-        return KernelABI(_PARAMS, BarrierMap(barriers), Grid(persistent=True, heads=self.spec.heads))
+        params = _VARLEN_PARAMS if self.spec.varlen else _FIXED_PARAMS
+        return KernelABI(params, BarrierMap(barriers), Grid(persistent=True, heads=self.spec.heads))
 
     @property
     def m_blocks(self) -> int:
@@ -165,24 +179,64 @@ class Plan:
     def smem_align(self) -> int:
         return max(op.smem_align for op in (self.q, self.k, self.v))
 
-    def grid(self, batch: int, max_seqlen_q=None, sms: int = 0) -> tuple[int, int, int]:
-        return self.abi.grid.dims(tiles_m=self.m_blocks, batch=batch)
+    def tiles_m(self, max_seqlen_q: int | None = None) -> int:
+        """Query tiles per (head, sequence); a varlen batch passes its longest query sequence."""
+        return self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // TILE_M)
+
+    def grid(self, batch: int, max_seqlen_q: int | None = None, sms: int = 0) -> tuple[int, int, int]:
+        """The launch grid (the ABI's rule: one CTA per SM, at most one per tile) for `batch` entries
+        (sequences when varlen) on `sms` SMs."""
+        try:
+            return self.abi.grid.dims(tiles_m=self.tiles_m(max_seqlen_q), batch=batch, sms=sms)
+        except GridError as e:
+            raise SpecError(str(e)) from None
 
     @property
     def window_bounds(self) -> tuple[int, int]:
         return window_bounds(self.spec)
 
-    def kv_range(self, m_block: int) -> tuple[int, int]:
+    def kv_range(self, m_block: int, seq_q: int | None = None, seq_k: int | None = None,
+                 key_shift: int = 0) -> tuple[int, int]:
         """The key blocks query tile m_block visits, (first, count), as the kernel's kv_range computes them:
         from the block of the tile's first row's left bound to that of its last row's right bound; count 0 where
-        no row of the tile sees a key."""
+        no row of the tile sees a key. A varlen tile passes its sequence's lengths and `key_shift`, the keys of
+        the previous sequence its blocks start with (its first packed key mod 8, KEY_GROUP): blocks are counted
+        in key positions shifted by it."""
         s, (left, right) = self.spec, self.window_bounds
-        row_lo, row_hi = m_block * TILE_M, min((m_block + 1) * TILE_M, s.seq_len) - 1
-        diagonal = s.keys - s.seq_len
-        key_lo = 0 if left < 0 else max(0, row_lo + diagonal - left)
-        key_hi = s.keys - 1 if right < 0 else min(s.keys - 1, row_hi + diagonal + right)
+        seq_q = s.seq_len if seq_q is None else seq_q
+        seq_k = s.keys if seq_k is None else seq_k
+        row_lo, row_hi = m_block * TILE_M, min((m_block + 1) * TILE_M, seq_q) - 1
+        diagonal = seq_k - seq_q
+        key_lo = key_shift + (0 if left < 0 else max(0, row_lo + diagonal - left))
+        key_hi = key_shift + (seq_k - 1 if right < 0 else min(seq_k - 1, row_hi + diagonal + right))
         first = key_lo // s.block_n
         return first, 0 if key_hi < key_lo else key_hi // s.block_n + 1 - first
+
+    def walk(self, cu_seqlens_q=None, cu_seqlens_k=None, *, batch: int = 1, ctas: int = 1,
+             max_seqlen_q: int | None = None) -> list[list]:
+        """Each CTA's tiles in the order the kernel's Tiles::take walks them: (m_block, head, batch, kv_first,
+        n_kv) per tile, None for a varlen tile past its sequence's query end (which every role skips). Fixed
+        lengths take `batch`; varlen the offsets (lists) and tiles_m of max_seqlen_q (default: the longest)."""
+        heads, varlen = self.spec.heads, cu_seqlens_q is not None
+        if varlen:
+            batch = len(cu_seqlens_q) - 1
+            longest = max(b - a for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:]))
+            tiles_m = self.tiles_m(max(longest, 1) if max_seqlen_q is None else max_seqlen_q)
+        else:
+            tiles_m = self.m_blocks
+        out = [[] for _ in range(ctas)]
+        for idx in range(tiles_m * heads * batch):
+            m_block, head, b = tiles_m - 1 - idx % tiles_m, idx // tiles_m % heads, idx // tiles_m // heads
+            if not varlen:
+                tile = (m_block, head, b, *self.kv_range(m_block))
+            elif m_block * TILE_M >= cu_seqlens_q[b + 1] - cu_seqlens_q[b]:
+                tile = None
+            else:
+                tile = (m_block, head, b, *self.kv_range(m_block, cu_seqlens_q[b + 1] - cu_seqlens_q[b],
+                                                          cu_seqlens_k[b + 1] - cu_seqlens_k[b],
+                                                          cu_seqlens_k[b] % KEY_GROUP))
+            out[idx % ctas].append(tile)
+        return out
 
     @property
     def max_pass_chunks(self) -> int:
@@ -206,6 +260,7 @@ def context(plan: Plan) -> dict:
                     f"{'causal' if s.causal else 'non-causal'}"
                     + (f", window {s.window}" if s.window != (-1, -1) else "")
                     + (f", softcap {s.softcap:g}" if s.softcap else "")
+                    + (", varlen (S, S_k: the longest sequences' bucket)" if s.varlen else "")
                     + f", block {TILE_M}x{s.block_n}, {s.stages} stages"),
         "kernel_name": s.name,
         "arch": s.arch,
@@ -229,7 +284,8 @@ def context(plan: Plan) -> dict:
         "max_pass_chunks": plan.max_pass_chunks,
         "o_vector_elems": O_VECTOR_BYTES // s.elem_bytes,
         "elem_bytes": s.elem_bytes,
-        "abi": plan.abi, "mbarrier_bytes": MBARRIER_BYTES,
+        "varlen": s.varlen, "key_group": KEY_GROUP,
+        "abi": plan.abi, "family_params": FAMILY_PARAMS, "mbarrier_bytes": MBARRIER_BYTES,
         "tma_ranks": sorted({op.tensor_map.rank for op in (plan.q, plan.k, plan.v)}),
         "tma_tiles": tma_tiles(plan, {"q": ("load",), "k": ("load",), "v": ("load",)}),
         "log2e": LOG2E,

@@ -10,7 +10,10 @@ tile's; an O rescale or read while a PV may be writing O.
 
 A tile's key blocks are counted, not placed: which key block a tile starts at (kv_first > 0 under a left window)
 changes the keys a TMA load fetches, never a barrier, slot or phase, so the tile lists (counts, 0 for a tile
-whose rows see no key) are the whole input.
+whose rows see no key) are the whole input. A varlen CTA's list also holds None for each tile past its
+sequence's query end (Plan.walk gives the kernel's lists): every role skips it (Tiles::take), so it takes no
+step and no phase; `unskipped` names roles that would wrongly walk it as a tile without keys (the fault the
+check must catch).
 
 The steps mirror templates/fwd_sm100/kernel.cu.j2 (producer, mma_issuer, issue_pv, softmax_tile); tests hold
 the two together by the barriers each device function waits on.
@@ -27,11 +30,19 @@ SOFTMAX_WARPS = 4
 __all__ = ["ProtocolError", "Step", "check", "programs"]
 
 
-def programs(stages: int, n_kv, chunks: int = 2) -> dict[str, list[Step]]:
-    """The roles' steps for a persistent CTA's tiles, `n_kv` key blocks each (an int: one tile), through a
-    `stages`-slot ring with PV in `chunks` chunks. Ring slots, S buffers and PvDone phases count key blocks
-    across tiles (G, the CTA's global block index); QFull and QEmpty count tiles."""
-    tiles = [n_kv] if isinstance(n_kv, int) else list(n_kv)
+def _taken(walk, role: str, unskipped) -> list[int]:
+    """The key-block counts of the tiles a role takes: a skipped tile (None) is no tile at all, except for a role
+    in `unskipped` (a fault), which walks it as one without keys."""
+    return [0 if n is None else n for n in walk if n is not None or role in unskipped]
+
+
+def programs(stages: int, n_kv, chunks: int = 2, unskipped=()) -> dict[str, list[Step]]:
+    """The roles' steps for a persistent CTA's tiles, `n_kv` key blocks each (an int: one tile; None: a varlen
+    tile past its sequence's end, skipped), through a `stages`-slot ring with PV in `chunks` chunks. Ring
+    slots, S buffers and PvDone phases count key blocks across tiles (G, the CTA's global block index); QFull
+    and QEmpty count tiles."""
+    walk = [n_kv] if n_kv is None or isinstance(n_kv, int) else list(n_kv)
+    tiles = _taken(walk, "producer", unskipped)
     starts = [sum(tiles[:t]) for t in range(len(tiles))]
 
     prod = []
@@ -58,6 +69,8 @@ def programs(stages: int, n_kv, chunks: int = 2) -> dict[str, list[Step]]:
         return steps + [use(f"PV {G} writes O {t}"), arrive("PvDone"), arrive(f"VEmpty[{s}]")]
 
     mma = []
+    tiles = _taken(walk, "mma", unskipped)
+    starts = [sum(tiles[:t]) for t in range(len(tiles))]
     for t, (n, g) in enumerate(zip(tiles, starts)):
         mma.append(wait("QFull", t))
         for G in range(g, g + n):
@@ -75,6 +88,8 @@ def programs(stages: int, n_kv, chunks: int = 2) -> dict[str, list[Step]]:
     roles = {"producer": prod, "mma": mma}
     for w in range(SOFTMAX_WARPS):
         steps = []
+        tiles = _taken(walk, f"softmax{w}", unskipped)
+        starts = [sum(tiles[:t]) for t in range(len(tiles))]
         for t, (n, g) in enumerate(zip(tiles, starts)):
             for G in range(g, g + n):
                 b = G % 2
@@ -167,9 +182,10 @@ def _apply_use(state: _State, what: str) -> None:
             state.p_written[key] = state.p_written.get(key, 0) + 1
 
 
-def check(stages: int, n_kv, *, chunks: int = 2, schedules: int = 200, seed: int = 0) -> None:
-    """Run every role of a CTA's tiles (n_kv: the key blocks of one tile, or a list, one per tile) through
-    codegen.protocol.run; raise ProtocolError on a deadlock, an aliased wait or an overrun."""
-    run(lambda: programs(stages, n_kv, chunks), lambda name: ARRIVALS.get(name.split("[")[0], 1),
+def check(stages: int, n_kv, *, chunks: int = 2, schedules: int = 200, seed: int = 0, unskipped=()) -> None:
+    """Run every role of a CTA's tiles (n_kv: the key blocks of one tile, or a list, one per tile, None for a
+    skipped one) through codegen.protocol.run; raise ProtocolError on a deadlock, an aliased wait or an
+    overrun."""
+    run(lambda: programs(stages, n_kv, chunks, unskipped), lambda name: ARRIVALS.get(name.split("[")[0], 1),
         lambda: _State(stages), _apply_use, what=f"key blocks {n_kv}, {stages} stages, {chunks} PV chunks",
         schedules=schedules, seed=seed)

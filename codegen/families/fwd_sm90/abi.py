@@ -36,6 +36,11 @@ _PERSISTENT = (
 )
 _SCALE = Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2")
 
+# What the Blackwell forward family (codegen/families/fwd_sm100) takes as this family does: the varlen offsets
+# and tiles_m.
+CU_SEQLENS = _VARLEN[:2]
+TILES_M = _PERSISTENT[1]
+
 # Every parameter the family's kernels can take, in order; a spec's kernel takes the ones of its modes.
 ALL_PARAMS = _MAPS + (_LSE,) + _VARLEN + _PERSISTENT + (_SCALE,)
 
