@@ -34,7 +34,8 @@ class Bundle:
 
 
 def export_bundle(spec: KernelSpec, directory: pathlib.Path) -> Bundle:
-    """Build `spec`'s kernel and write its bundle into `directory` (all files or none; codegen.files)."""
+    """Build `spec`'s kernel (a KernelSpec, or a DecodeSpec) and write its bundle into `directory` (all files or
+    none; codegen.files)."""
     built = build(spec)
     directory = pathlib.Path(directory)
     written = write_all({directory / filename: content for filename, content in bundle_files(built).items()})
@@ -67,7 +68,9 @@ def check_destination(directory: pathlib.Path, kernel_name: str, *, force: bool 
                           "name a new or empty folder, or pass --force to write over it")
 
 
-EXPORTABLE = ("fwd_sm90", "fwd_sm100")
+EXPORTABLE = ("fwd_sm90", "fwd_sm100", "decode_sm90")
+# The decode example's cache capacity per sequence: several key blocks and pages, a part block at the end.
+DECODE_EXAMPLE_CAPACITY = 1024 + 256
 
 
 def gencode(arch: str) -> str:
@@ -80,6 +83,8 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
     if built.family.name not in EXPORTABLE:
         raise SpecError(f"export bundles are built for the forward kernels ({', '.join(EXPORTABLE)}), not "
                         f"{built.family.name}")
+    if built.family.name == "decode_sm90":
+        return _decode_bundle_files(built)
     plan, name = built.plan, built.rendered.kernel_name
     spec = plan.spec
     operands = []
@@ -128,6 +133,49 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
         f"{name}_launch.cu": env.get_template("export/launch.cu.j2").render(**context),
         "example.cu": env.get_template("export/example_varlen.cu.j2" if plan.spec.varlen
                                        else "export/example.cu.j2").render(**context),
+        "CMakeLists.txt": env.get_template("export/CMakeLists.txt.j2").render(**context),
+        f"{name}.json": json.dumps(built.manifest(), indent=2) + "\n",
+        f"{name}.ptx": built.compiled.ptx,
+    }
+    files[f"{name}.cubin"] = bytes(built.compiled.cubin)
+    return files
+
+
+def _decode_bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
+    """The decode kernel's bundle: its launcher encodes the K/V cache maps (dense, or the paged loads' box)."""
+    from .families.decode_sm90 import append_name, context as decode_context
+    from .families.decode_sm90.plan import MAX_SPLITS
+
+    plan, name = built.plan, built.rendered.kernel_name
+    spec = plan.spec
+    kernel_values = decode_context(plan)
+    operands = []
+    for op in ("k", "v"):
+        recipe = getattr(plan, op).tensor_map
+        described = recipe.describe()
+        pages = getattr(plan, f"{op}_pages")
+        operands.append({"name": op, "rank": described["rank"], "dims": described["dims"],
+                         "strides_bytes": described["strides_bytes"], "box": list(pages.box if pages else recipe.box),
+                         "swizzle": described["swizzle"], "swizzle_enum": TMA_SWIZZLE_NAMES[recipe.swizzle.span_bytes]})
+    capacity = DECODE_EXAMPLE_CAPACITY - DECODE_EXAMPLE_CAPACITY % max(spec.page_size, 1)
+    context = {
+        "summary": kernel_values["summary"], "arch": spec.arch, "gencode": gencode(spec.arch), "abi": plan.abi,
+        "append_abi": plan.append_abi, "append_name": append_name(spec), "append_threads": plan.append_threads,
+        "log2e": repr(fwd_abi.LOG2E), "kernel_name": name, "launch_fn": f"{name}_launch", "q_len": spec.q_len,
+        "heads": spec.heads, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "causal": spec.causal,
+        "window_left": kernel_values["window_left"], "window_right": kernel_values["window_right"],
+        "softcap_c": kernel_values["softcap_c"], "page_rows": spec.page_size, "dtype": spec.dtype,
+        "dtype_c": DTYPES[spec.dtype].c, "elem_bytes": spec.elem_bytes, "tma_dtype": TMA_DTYPE_NAMES[spec.dtype],
+        "operands": operands, "smem_bytes": plan.smem.total, "threads": plan.threads, "block_m": plan.block_m,
+        "grid_y": plan.grid(1, 1)[1], "max_splits": MAX_SPLITS, "example_capacity": capacity,
+        "tolerance": _EXAMPLE_TOLERANCE[spec.dtype],
+    }
+    env = environment()
+    files: dict[str, str | bytes] = {
+        f"{name}.cu": built.rendered.source,
+        f"{name}.h": env.get_template("export/decode_launch.h.j2").render(**context),
+        f"{name}_launch.cu": env.get_template("export/decode_launch.cu.j2").render(**context),
+        "example.cu": env.get_template("export/decode_example.cu.j2").render(**context),
         "CMakeLists.txt": env.get_template("export/CMakeLists.txt.j2").render(**context),
         f"{name}.json": json.dumps(built.manifest(), indent=2) + "\n",
         f"{name}.ptx": built.compiled.ptx,

@@ -15,6 +15,7 @@ import pytest
 import gen
 from codegen.export import export_bundle, nvcc_command
 from codegen.families import resolve
+from codegen.families.decode_sm90 import DecodeSpec
 from codegen.spec import KernelSpec
 
 CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
@@ -148,12 +149,34 @@ BLACKWELL = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_10
                                 varlen=True))]
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + BLACKWELL, ids=lambda s: s.name)
+# Decode bundles (the decode_sm90 ABI: the append kernel and the attention kernel; dense and paged caches).
+DECODE = [DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=4, dtype="bf16"),
+          DecodeSpec(heads=16, kv_heads=4, head_dim=64, q_len=1, dtype="f16", page_size=16, window=(300, -1),
+                     softcap=20.0)]
+
+
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + BLACKWELL + DECODE,
+                         ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)
     result = subprocess.run(nvcc_command(bundle, nvcc), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"nvcc failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "example").stat().st_size > 0
+
+
+@pytest.mark.parametrize("spec", DECODE, ids=lambda s: s.name)
+def test_decode_launcher_follows_both_abis(spec, tmp_path):
+    bundle = export_bundle(spec, tmp_path)
+    plan = bundle.built.plan
+    launcher = (tmp_path / f"{plan.spec.name}_launch.cu").read_text()
+    assert ", ".join(p.launcher for p in plan.abi.params) + ");" in launcher
+    assert ", ".join(p.launcher for p in plan.append_abi.params) + ");" in launcher
+    assert f"<<<dim3(splits, {plan.grid(1, 1)[1]}, batch), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher
+    pages = plan.k_pages
+    box = pages.box if pages else plan.k.tensor_map.box
+    assert "const cuuint32_t box[5] = {" + ", ".join(map(str, box)) + "};" in launcher
+    example = (tmp_path / "example.cu").read_text()
+    assert f"kPageRows = {plan.spec.page_size};" in example and "reference<<<" in example
 
 
 @pytest.mark.parametrize("spec", BLACKWELL, ids=lambda s: s.name)

@@ -57,8 +57,11 @@ PROBE_BY_ARCH = {"sm_90a": "probe_sm90", "sm_100a": "probe_sm100", "sm_103a": "p
 
 
 def family_for(spec) -> Family:
-    """The forward family of the spec's architecture."""
+    """The spec's own family where it names one (a DecodeSpec), else the forward family of its architecture."""
     from codegen.spec import SpecError
+
+    if getattr(spec, "family", None):
+        return get(spec.family)
 
     if spec.arch not in FORWARD_BY_ARCH:
         raise SpecError(f"no forward kernel for {spec.arch} yet: its layouts are derived and verified (`gen.py layout "

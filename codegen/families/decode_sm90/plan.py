@@ -57,6 +57,8 @@ class DecodeSpec:
     stages: int = 0       # 0: as many as fit
     arch: str = "sm_90a"
 
+    family = "decode_sm90"  # its kernel family (codegen.families.family_for), not a field
+
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
             if not ok:
