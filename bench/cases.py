@@ -18,10 +18,13 @@ class BenchUsageError(ValueError):
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmarked problem: q of shape (batch, seq, heads, dim), k and v (batch, seq, kv_heads, dim).
+    """One benchmarked problem: q of shape (batch, seq, heads, dim), k and v (batch, seq_k, kv_heads, dim).
 
     A varlen case has `lens`, the per-sequence lengths (q and k alike): q is packed (sum(lens), heads, dim),
     k and v (sum(lens), kv_heads, dim); batch is then len(lens) and seq max(lens) (build it with varlen_case).
+    seq_k, the key length of a dense case, defaults to seq; a longer one is a chunked prefill (S_q queries over
+    S_k keys), causal aligned to the bottom right as in codegen.check.reference: query i sees keys up to
+    i + S_k - S_q.
     """
 
     batch: int
@@ -32,10 +35,17 @@ class Case:
     causal: bool = False
     kv_heads: int | None = None  # None: as many as heads. Normalized here so equal problems compare equal.
     lens: tuple[int, ...] | None = None  # varlen: the sequences' lengths, in batch order
+    seq_k: int | None = None  # keys of a dense case; None: seq. Normalized here, as kv_heads is.
 
     def __post_init__(self):
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.seq_k is None:
+            object.__setattr__(self, "seq_k", self.seq)
+        if self.seq_k < 1:
+            raise BenchUsageError(f"the key length S_k must be at least 1, got {self.seq_k}")
+        if self.lens is not None and self.seq_k != self.seq:
+            raise BenchUsageError("a varlen case has q lengths = k lengths; S_k is for dense cases")
         problem = kv_heads_problem(self.heads, self.kv_heads)
         if problem:
             raise BenchUsageError(problem)
@@ -71,16 +81,27 @@ class Case:
         return sum(self.seq_lens)
 
     @property
+    def chunked(self) -> bool:
+        """S_k != S_q (a dense case only)."""
+        return self.seq_k != self.seq
+
+    @property
     def flops(self) -> float:
         """Sum over sequences of 4 * H * L^2 * D (QK^T and PV, 2 flops a multiply-add), halved for causal.
 
-        K/V heads do not change the arithmetic: every query head still meets all its keys."""
+        K/V heads do not change the arithmetic: every query head still meets all its keys. With S_k != S_q:
+        4 * B * H * S_q * S_k * D, and under causal (bottom-right) the pairs the mask keeps, counted as the square
+        case is: S_q * S_k - min(S_q, S_k)^2 / 2 (the full rectangle less half of the diagonal square)."""
+        if self.chunked:
+            return 4.0 * self.batch * self.heads * _pairs(self.seq, self.seq_k, self.causal) * self.dim
         flops = sum(4.0 * self.heads * n * n * self.dim for n in self.seq_lens)
         return flops / 2 if self.causal else flops
 
     @property
     def padded_flops(self) -> float:
         """The FLOPs of the dense (batch, seq) problem: what a padded batch computes."""
+        if self.chunked:
+            return self.flops
         flops = 4.0 * self.batch * self.heads * self.seq * self.seq * self.dim
         return flops / 2 if self.causal else flops
 
@@ -91,7 +112,9 @@ class Case:
 
     @property
     def scores(self) -> int:
-        """Entries of the full S x S score matrices over all sequences and heads."""
+        """Entries of the full S x S (S_q x S_k) score matrices over all sequences and heads."""
+        if self.chunked:
+            return self.batch * self.heads * self.seq * self.seq_k
         return sum(self.heads * n * n for n in self.seq_lens)
 
     @property
@@ -101,7 +124,9 @@ class Case:
 
     @property
     def set_bytes(self) -> int:
-        """Bytes of one input set with its output: q, o, and the smaller k and v under GQA."""
+        """Bytes of one input set with its output: q, o, and the smaller k and v under GQA (longer with S_k)."""
+        if self.chunked:
+            return 2 * self.tensor_bytes + 2 * self.batch * self.seq_k * self.kv_heads * self.dim * 2
         return 2 * self.tensor_bytes + 2 * self.tensor_bytes // self.group
 
     @property
@@ -116,7 +141,14 @@ class Case:
         if self.varlen:
             return (f"varlen({self.batch} seqs, {self.total_tokens} tok, max {self.seq}; {self.heads},{self.dim})"
                     f"{kv} {self.dtype} {mask}")
-        return f"({self.batch},{self.seq},{self.heads},{self.dim}){kv} {self.dtype} {mask}"
+        keys = f" S_k {self.seq_k}" if self.chunked else ""
+        return f"({self.batch},{self.seq},{self.heads},{self.dim}){keys}{kv} {self.dtype} {mask}"
+
+
+def _pairs(seq_q: int, seq_k: int, causal: bool) -> float:
+    """(query, key) pairs of one head: all of them, or under bottom-right causal the rectangle less half of the
+    min(S_q, S_k) square (seq_q == seq_k: S^2 / 2, the square cases' convention)."""
+    return seq_q * seq_k - (min(seq_q, seq_k) ** 2 / 2 if causal else 0)
 
 
 def varlen_case(lens: Sequence[int], heads: int, dim: int, dtype: str = "bf16", causal: bool = False,
@@ -226,8 +258,8 @@ def case_from(shape: Sequence[int], dtype: str, causal: bool) -> Case:
     return Case(b, s, h, d, dtype, causal, kv)
 
 
-def _bf16(b, s, h, d, causal=False, kv_heads=None) -> Case:
-    return Case(b, s, h, d, "bf16", causal, kv_heads)
+def _bf16(b, s, h, d, causal=False, kv_heads=None, seq_k=None) -> Case:
+    return Case(b, s, h, d, "bf16", causal, kv_heads, seq_k=seq_k)
 
 
 def _ragged_bf16(count, max_len, total, h, d, causal=False, kv_heads=None) -> Case:
@@ -268,7 +300,25 @@ MATRICES: dict[str, tuple[Case, ...]] = {
         _ragged_bf16(**VARLEN_16K, h=16, d=128),
         _ragged_bf16(**VARLEN_16K, h=16, d=128, causal=True),
     ),
+    # Issue 22: flashgen against FlashAttention-4 (the `fa4` peer) and cuDNN: the default matrix's shapes, grouped
+    # query, head dims 96 and 192, short sequences, and chunked prefill (S_q queries over a longer K/V, causal
+    # bottom-right). Results go to h200-latest-fa4.* (OWN_LATEST); default peers MATRIX_DEFAULT_PEERS["fa4"].
+    "fa4": (
+        Case(1, 1024, 64, 128, "f16"),
+        _bf16(4, 4096, 32, 128), _bf16(4, 4096, 32, 128, causal=True),
+        _bf16(1, 16384, 16, 128), _bf16(1, 16384, 16, 128, causal=True),
+        _bf16(16, 1024, 32, 64), _bf16(2, 4096, 16, 256),
+        _bf16(1, 8192, 32, 128, causal=True, kv_heads=8),
+        _bf16(4, 2048, 24, 96), _bf16(2, 4096, 16, 192),
+        _bf16(8, 512, 32, 128), _bf16(32, 256, 32, 128),
+        _bf16(1, 512, 32, 128, causal=True, kv_heads=8, seq_k=8192),
+        _bf16(4, 1024, 32, 128, causal=True, kv_heads=8, seq_k=8192),
+    ),
 }
+
+# Matrices whose result files are their own, <gpu>-<stamp>-<name>.* and h200-latest-<name>.* (as decode's are),
+# rather than the default matrix's h200-latest.* (bench/report.py save_results reads this).
+OWN_LATEST = ("fa4",)
 
 
 def kernel_spec(case: Case):
@@ -285,6 +335,8 @@ def kernel_spec(case: Case):
         except ImportError:
             _length_bucket = None
         seq, extra = (_length_bucket(case.seq) if _length_bucket else case.seq), {"varlen": True}
+    if case.chunked:
+        extra["seq_len_k"] = case.seq_k
     return KernelSpec(seq_len=seq, heads=case.heads, head_dim=case.dim, dtype=case.dtype, causal=case.causal,
                       kv_heads=case.kv_heads, **extra)
 

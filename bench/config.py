@@ -30,6 +30,11 @@ USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compil
   gen.py bench --matrix [NAME]
       many shapes in one run: each kernel's ratio to cuDNN measured in the same run, and their geomean
       (`--matrix varlen` for the variable-length set; `coverage` holds two of them too).
+  gen.py bench --matrix fa4 [--peers flashgen,fa4,cudnn]
+      flashgen against FlashAttention-4 (`fa4`: flash_attn.cute.flash_attn_func, the flash-attn-4 package, when
+      it imports; otherwise its rows are skipped with the import's error) and cuDNN, on the default matrix's
+      shapes plus grouped-query, D 96 and 192, short and chunked-prefill (S_q over a longer S_k, causal
+      bottom-right) shapes; files *-fa4.json and .md (bench/README.md: carrying the wheels to the GPU machine).
   gen.py bench --matrix decode [--iters N] [--out bench/results]
       codegen.attention_with_kvcache (decode over a KV cache) against SDPA's cuDNN, flash and efficient backends
       on full caches, no mask (bench/decode.py; files *-decode.json and .md).
@@ -48,9 +53,11 @@ convention FlashAttention's own benchmarks use. TFLOPS always count this useful 
 yardstick's TFLOPS of a varlen row are effective ones (its padded batch does 1 / padding_efficiency as much).
 """
 
-ALL_PEERS = ("flashgen", "cudnn", "sdpa", "flash", "mem_efficient", "math", "flex", "unfused", "cudnn_varlen",
-             "flash_varlen")
+ALL_PEERS = ("flashgen", "cudnn", "sdpa", "flash", "mem_efficient", "math", "flex", "unfused", "fa4",
+             "cudnn_varlen", "flash_varlen")
 MATRIX_PEERS = ("flashgen", "cudnn", "flash", "flex", "cudnn_varlen", "flash_varlen")
+# A matrix's own default implementations, where they are not MATRIX_PEERS (--peers and --all-peers still apply).
+MATRIX_DEFAULT_PEERS = {"fa4": ("flashgen", "cudnn", "fa4")}
 # What runs on a varlen case (the others have no ragged form and give no row there); cudnn_varlen and
 # flash_varlen run on varlen cases only.
 VARLEN_PEERS = ("flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen")
@@ -102,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
     parser.add_argument("--peers", metavar="LIST",
                         help=f"comma-separated implementations out of {','.join(ALL_PEERS)} "
-                             f"(default: all for one shape, {','.join(MATRIX_PEERS)} for --matrix; "
+                             f"(default: all for one shape, {','.join(MATRIX_PEERS)} for --matrix, "
+                             f"{','.join(MATRIX_DEFAULT_PEERS['fa4'])} for --matrix fa4; "
                              "cudnn is always added, being the yardstick). A varlen case runs only "
                              f"{','.join(VARLEN_PEERS)} (cudnn on the zero-padded batch); "
                              f"{' and '.join(VARLEN_ONLY_PEERS)} run on varlen cases only")
@@ -133,7 +141,7 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
         mode = "table"
     else:
         raise BenchUsageError("give --shape B,S,H,D[:KV], --varlen LENS, --matrix [NAME] or --compile")
-    return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode),
+    return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode, args.matrix),
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
                        command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
@@ -175,11 +183,13 @@ def _varlen_cases(args) -> tuple[Case, ...]:
                  for text in args.varlen)
 
 
-def _peers_from(args, mode: str) -> tuple[str, ...]:
+def _peers_from(args, mode: str, matrix: str | None = None) -> tuple[str, ...]:
     if args.all_peers:
         return ALL_PEERS
     if not args.peers:
-        return MATRIX_PEERS if mode == "matrix" else ALL_PEERS
+        if mode == "matrix":
+            return MATRIX_DEFAULT_PEERS.get(matrix, MATRIX_PEERS)
+        return ALL_PEERS
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_PEERS]
     if unknown:

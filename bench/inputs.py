@@ -36,7 +36,7 @@ def make_inputs(torch, case: Case) -> Inputs:
         return make_varlen_inputs(torch, case)
     dtype = torch_dtype(case.dtype)
     q_shape = (case.batch, case.seq, case.heads, case.dim)
-    kv_shape = (case.batch, case.seq, case.kv_heads, case.dim)
+    kv_shape = (case.batch, case.seq_k, case.kv_heads, case.dim)  # S_k: chunked prefill (reference: bottom-right)
     sets = tuple(tuple(torch.randn(shape, dtype=dtype, device="cuda") for shape in (q_shape, kv_shape, kv_shape))
                  for _ in range(input_set_count(case)))
     return Inputs(sets, reference(*sets[0], causal=case.causal)[0])

@@ -1,10 +1,12 @@
 """The implementations timed beside flashgen: Peer, the torch SDPA backends, cuDNN (padded and ragged), flex,
-unfused, FlashAttention-2 varlen and flashgen's own calls, the PEERS and VARLEN_PEER_IMPLS tables, and which of them
-(with which PV splits) run on a case."""
+unfused, FlashAttention-2 varlen, FlashAttention-4 (when it imports) and flashgen's own calls, the PEERS and
+VARLEN_PEER_IMPLS tables, and which of them (with which PV splits) run on a case."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -41,13 +43,30 @@ def gqa_kwargs(case: Case) -> dict:
 
 
 def sdpa_kwargs(case: Case) -> dict:
-    """The keyword arguments of every scaled_dot_product_attention call the bench times."""
-    return {"is_causal": case.causal, **gqa_kwargs(case)}
+    """The keyword arguments of every scaled_dot_product_attention call the bench times. A causal case with
+    S_k != S_q has is_causal=False: SDPA aligns is_causal to the top left, the bench to the bottom right, so its
+    calls take bottom_right_bias as attn_mask instead (_sdpa_calls)."""
+    return {"is_causal": case.causal and not case.chunked, **gqa_kwargs(case)}
+
+
+def bottom_right_keep(torch, case: Case, device):
+    """Boolean (S_q, S_k): query i sees key j where j <= i + S_k - S_q (causal aligned to the bottom right, as
+    codegen.check.reference, flashgen and FlashAttention align it)."""
+    return torch.ones(case.seq, case.seq_k, dtype=torch.bool, device=device).tril(case.seq_k - case.seq)
+
+
+def bottom_right_bias(torch, case: Case, dtype, device):
+    """(S_q, S_k) additive mask in q's dtype: 0 on the keys bottom_right_keep keeps, -inf on the others."""
+    keep = bottom_right_keep(torch, case, device)
+    return torch.zeros(case.seq, case.seq_k, dtype=dtype, device=device).masked_fill_(~keep, float("-inf"))
 
 
 def _sdpa_calls(torch, inputs: Inputs, case: Case):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     kwargs = sdpa_kwargs(case)
+    if case.causal and case.chunked:  # made once, outside the timed calls
+        q0 = inputs.sets[0][0]
+        kwargs["attn_mask"] = bottom_right_bias(torch, case, q0.dtype, q0.device)
 
     def call(qkv):
         q, k, v = _bhsd(qkv)
@@ -67,7 +86,14 @@ def _flex_calls(torch, inputs: Inputs, case: Case):
     torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=False)
     device = inputs.sets[0][0].device
-    mask = (create_block_mask(_causal_mask_mod, B=None, H=None, Q_LEN=case.seq, KV_LEN=case.seq, device=device)
+    mask_mod = _causal_mask_mod
+    if case.chunked:
+        offset = case.seq_k - case.seq
+
+        def mask_mod(b, h, q_idx, kv_idx):  # bottom-right: query i sees keys up to i + S_k - S_q
+            return q_idx + offset >= kv_idx
+
+    mask = (create_block_mask(mask_mod, B=None, H=None, Q_LEN=case.seq, KV_LEN=case.seq_k, device=device)
             if case.causal else None)
     kwargs = gqa_kwargs(case)
 
@@ -81,7 +107,7 @@ def _flex_calls(torch, inputs: Inputs, case: Case):
 def _unfused_calls(torch, inputs: Inputs, case: Case):
     scale = 1.0 / math.sqrt(case.dim)
     device = inputs.sets[0][0].device
-    masked = torch.ones(case.seq, case.seq, dtype=torch.bool, device=device).triu(1) if case.causal else None
+    masked = ~bottom_right_keep(torch, case, device) if case.causal else None  # triu(1) when S_k = S_q
 
     def run(q, k, v):
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
@@ -253,6 +279,54 @@ def _flex_varlen_calls(torch, inputs: Inputs, case: Case):
     return [call(s) for s in inputs.sets]
 
 
+# FlashAttention-4 (package flash-attn-4, CuTe DSL; import flash_attn.cute). Its public forward, as read in
+# Dao-AILab/flash-attention flash_attn/cute/interface.py (the stored public source, commit 004b1a2e41bf):
+#   flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None,
+#                   softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, mask_mod=None, ...,
+#                   return_lse=False)
+# returns FlashAttnFunc.apply(...), i.e. the tuple (out, lse): out (B, S_q, H, D) in q's dtype, lse None unless
+# return_lse or an input requires grad. q is (B, S_q, H, D), k and v (B, S_k, H_kv, D): _flash_attn_fwd asserts
+# num_head % num_head_kv == 0 and reads grouped K/V heads natively (qhead_per_kvhead = H / H_kv; pack_gqa=None
+# picks packing itself), so GQA needs no kwarg and no repeat. softmax_scale None is 1/sqrt(D), the bench's scale.
+# causal=True sets window_size_right = 0, and flash_attn/cute/mask.py aligns it to the bottom right:
+# col_limit_right = row + 1 + seqlen_k - seqlen_q (causal_row_offset), as codegen.check.reference does.
+FA4_MODULE = "flash_attn.cute"
+
+
+def fa4_function():
+    """flash_attn.cute.flash_attn_func; Unavailable with the error, on one line, when it does not import (not
+    installed, or any error on import: missing CUDA libraries, a cutlass-dsl mismatch)."""
+    try:
+        return importlib.import_module(FA4_MODULE).flash_attn_func
+    except Exception as e:  # whatever the import raises is the row's reason, never the end of the run
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise Unavailable(f"FlashAttention-4 ({FA4_MODULE}) does not import: {reason}") from None
+
+
+def fa4_kwargs(case: Case) -> dict:
+    """The keyword arguments of the timed flash_attn_func call: causal only (bottom-right where S_k != S_q). Grouped
+    query is k and v's own head count; the scale is FA4's default, 1/sqrt(D)."""
+    return {"causal": case.causal}
+
+
+def _fa4_out(result):
+    """out of flash_attn_func's (out, lse); a bare tensor as it is, should a version return only out."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _fa4_calls(torch, inputs: Inputs, case: Case):
+    """FlashAttention-4's forward on the (B, S, H, D) sets as they are (k, v with H_kv heads). Its first call
+    compiles (cute.compile, cached by the package per configuration); the timed calls launch. Output (B, S, H, D)."""
+    attention = fa4_function()
+    kwargs = fa4_kwargs(case)
+
+    def call(qkv):
+        q, k, v = qkv
+        return lambda: _fa4_out(attention(q, k, v, **kwargs))
+
+    return [call(s) for s in inputs.sets]
+
+
 def _sdpa_backend(name: str):
     def context(torch):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -303,6 +377,7 @@ PEERS = {
     "math": Peer("math", _sdpa_calls, _sdpa_backend("MATH"), skip=_math_skip),
     "flex": Peer("flex", _flex_calls, steady=_no_recompile),
     "unfused": Peer("unfused", _unfused_calls, skip=_unfused_skip),
+    "fa4": Peer("fa4", _fa4_calls),
 }
 
 # The same names on a varlen case: "cudnn" is then the padded yardstick.
@@ -330,7 +405,25 @@ def peers_for(case: Case, config: BenchConfig, block_n: int | None) -> list[tupl
     out = [(table[name], None) for name in names if name != "flashgen"]
     if "flashgen" in names and block_n is not None:
         out += [(flashgen_peer(s), s) for s in splits_for(block_n, config.splits)]
+    if case.chunked:
+        out = [(dataclasses.replace(p, make=_keys_checked(p.make), call=p.call and _keys_checked(p.call)), s)
+               for p, s in out]
     return out
+
+
+def _keys_checked(make: Callable) -> Callable:
+    """make, refusing inputs whose k does not hold the case's S_k keys: where bench/inputs.py's make_inputs builds
+    k and v with S_q keys, a chunked-prefill row is skipped with that reason instead of timing (and checking
+    against a reference of) the square problem."""
+
+    def checked(torch, inputs: Inputs, case: Case):
+        keys = inputs.sets[0][1].shape[-3]
+        if keys != case.seq_k:
+            raise Unavailable(f"the inputs hold {keys} keys, the case S_k = {case.seq_k} (bench/inputs.py "
+                              "make_inputs must build k and v with case.seq_k keys)")
+        return make(torch, inputs, case)
+
+    return checked
 
 
 def flashgen_peer(split: tuple[int, ...]) -> Peer:

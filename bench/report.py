@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .cases import Case, varlen_case
+from .cases import OWN_LATEST, Case, varlen_case
 
 ROOT = Path(__file__).resolve().parent.parent  # bench/report.py -> the repository root
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -64,7 +64,7 @@ class Row:
     def to_json(self) -> dict:
         c = self.case
         return {
-            "impl": self.impl, "B": c.batch, "S": c.seq, "H": c.heads, "H_kv": c.kv_heads, "D": c.dim,
+            "impl": self.impl, "B": c.batch, "S": c.seq, "S_k": c.seq_k, "H": c.heads, "H_kv": c.kv_heads, "D": c.dim,
             "causal": c.causal, "dtype": c.dtype, "ms": _finite(self.ms), "tflops": _finite(self.tflops),
             "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
             "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
@@ -89,7 +89,7 @@ class Row:
         if d.get("varlen") and d.get("seqlens"):
             case = varlen_case(d["seqlens"], heads, d["D"], d["dtype"], bool(d["causal"]), kv)
         else:
-            case = Case(d["B"], d["S"], heads, d["D"], d["dtype"], bool(d["causal"]), kv)
+            case = Case(d["B"], d["S"], heads, d["D"], d["dtype"], bool(d["causal"]), kv, seq_k=d.get("S_k"))
         split = d.get("pv_split")
         return cls(d["impl"], case, ms=d.get("ms"), rel_err=d.get("rel_err"), snr_db=d.get("snr_db"),
                    pv_split=tuple(split) if split else None, iters=d.get("iters"), error=d.get("error"),
@@ -335,10 +335,13 @@ def varlen_note(case: Case) -> str:
 
 
 def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
-    """Write <gpu-slug>-<UTC stamp>.json and .md; also h200-latest.* when the GPU is an H200."""
+    """Write <gpu-slug>-<UTC stamp>.json and .md; also h200-latest.* when the GPU is an H200. A matrix in
+    cases.OWN_LATEST (fa4) has its name after the stamp and in the latest files: h200-latest-fa4.*."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = result.meta.get("date_utc_stamp") or utc_stamp(_dt.datetime.now(_dt.timezone.utc))
-    stem = f"{slug(str(result.meta.get('gpu', 'unknown')))}-{stamp}"
+    matrix = result.meta.get("matrix")
+    tail = f"-{matrix}" if matrix in OWN_LATEST else ""
+    stem = f"{slug(str(result.meta.get('gpu', 'unknown')))}-{stamp}{tail}"
     text_json = json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n"
     text_md = results_markdown(result)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
@@ -346,7 +349,7 @@ def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
     paths[1].write_text(text_md)
     if "h200" in str(result.meta.get("gpu", "")).lower():
         for src, suffix in zip(paths, (".json", ".md")):
-            latest = out_dir / f"h200-latest{suffix}"
+            latest = out_dir / f"h200-latest{tail}{suffix}"
             shutil.copyfile(src, latest)
             paths.append(latest)
     return paths
