@@ -36,6 +36,15 @@ NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "Sc
 # The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
 # for each reason, per issued instruction).
 NCU_STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+# Matrices that choose their own peers (gen.py bench refuses --peers for decode): --bench-peers is for the others.
+OWN_PEERS = ("default", "decode", "fa4")
+
+
+def matrix_peers(matrix: str, bench_peers: str) -> list[str]:
+    """The --peers arguments of one matrix's run."""
+    return [] if matrix in OWN_PEERS else ["--peers", bench_peers]
+
+
 PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16"),
                 ("1024,16,96", "f16"), ("1024,16,192", "bf16")]
 
@@ -102,7 +111,8 @@ def main() -> int:
     parser.add_argument("--matrices", default="default,coverage,varlen",
                         help="benchmark matrices to run, comma-separated (gen.py bench --matrix NAME each)")
     parser.add_argument("--bench-peers", default="flashgen,cudnn,flash,flex,cudnn_varlen,flash_varlen",
-                        help="--peers for the coverage and varlen matrices (default keeps flex off varlen rows, "
+                        help="--peers for the coverage and varlen matrices; default, decode and fa4 choose their own "
+                             "(this default keeps flex off varlen rows, "
                              "whose dense document masks take minutes at 64k tokens)")
     parser.add_argument("--default-runs", type=int, default=3,
                         help="runs of the default matrix (the first with every peer, the others flashgen and cuDNN "
@@ -213,7 +223,7 @@ def main() -> int:
     if not args.skip_bench:
         for matrix in filter(None, args.matrices.split(",")):
             results = out / "results" / matrix
-            peers = [] if matrix == "default" else ["--peers", args.bench_peers]
+            peers = matrix_peers(matrix, args.bench_peers)
             rc, text, secs = run([sys.executable, "gen.py", "bench", "--matrix", matrix, *peers, "--out", str(results)],
                                  out / f"bench-{matrix}.log", timeout=480)
             geomean = next((line.split(None, 1)[1][:100] for line in reversed(text.splitlines())

@@ -300,3 +300,18 @@ def test_a_copy_that_does_not_fit_is_a_reason_not_a_crash(monkeypatch):
     repeated = decode._sdpa_tensors(_CpuTorch(torch), inputs.sets, case, "repeated")
     assert repeated[0][1].shape == (1, 4, 64, 16) and repeated[0][1].is_contiguous()
     assert inputs.ref.shape == (1, 1, 4, 16) and inputs.ref.dtype == torch.float64
+
+
+def test_gpu_check_runs_the_decode_matrix_with_its_own_peers():
+    """gen.py bench refuses --peers with --matrix decode, so scripts/gpu_check.py passes none there."""
+    import importlib.util
+
+    from bench.report import ROOT
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.matrix_peers("decode", "flashgen,cudnn") == [] == gpu_check.matrix_peers("fa4", "x")
+    assert gpu_check.matrix_peers("coverage", "flashgen,cudnn") == ["--peers", "flashgen,cudnn"]
+    with pytest.raises(BenchUsageError, match="drop --peers"):  # what the old call met: the matrix never ran
+        parse_config(["--matrix", "decode", "--peers", "flashgen,cudnn"])
