@@ -12,7 +12,9 @@ from codegen.abi import MBARRIER_BYTES
 from .. import Family
 from ..fwd_sm90 import mma_operands
 from . import abi as decode_abi
-from .plan import CONSUMER_REGS, PRODUCER_REGS, DecodeSpec, Plan, make_plan, resolve
+from codegen.spec import ROWS_PER_CONSUMER
+
+from .plan import CONSUMER_REGS, PRODUCER_REGS, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
 
 __all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -80,6 +82,8 @@ def context(plan: Plan) -> dict:
         "stages": s.stages,
         "consumers": plan.consumers,
         "row_groups": plan.row_groups,
+        "rows_per_group": ROWS_PER_CONSUMER,
+        "group_threads": THREADS_PER_WARPGROUP,
         "key_groups": plan.key_groups,
         "threads": plan.threads,
         "append_threads": plan.append_threads,
