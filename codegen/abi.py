@@ -91,6 +91,15 @@ class BarrierMap:
         return MBARRIER_BYTES * self.count
 
 
+def strided_tensor(name: str, what: str, layout: str) -> tuple[Param, ...]:
+    """A (B, S, H, D) tensor read or written without a tensor map: its address and three byte strides."""
+    return (Param(f"{name}_gmem", "unsigned char* __restrict__", Pack.POINTER, f"{what}'s base address {layout}",
+                  f"static_cast<unsigned char*>({name})"),
+            Param(f"{name}_batch_bytes", "long long", Pack.I64, f"{what}'s batch stride in bytes", f"{name}_batch_bytes"),
+            Param(f"{name}_row_bytes", "long long", Pack.I64, f"{what}'s token stride in bytes", f"{name}_row_bytes"),
+            Param(f"{name}_head_bytes", "long long", Pack.I64, f"{what}'s head stride in bytes", f"{name}_head_bytes"))
+
+
 class GridError(ValueError):
     """A launch the grid rule cannot express."""
 

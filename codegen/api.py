@@ -19,7 +19,8 @@ LAYOUTS = ("bshd", "bhsd")
 MAX_GRID_YZ = 65535
 
 
-NO_BACKWARD = "flashgen has no backward pass yet: call under torch.no_grad() or detach the inputs"
+NO_BACKWARD = ("flashgen has no backward pass for this call yet (variable-length batches, decode): call under "
+               "torch.no_grad() or detach the inputs")
 
 
 class InputError(ValueError):
@@ -44,7 +45,8 @@ def _loaded(key: KernelKey):
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
               layout: str = "bshd", window: tuple[int, int] | None = None, softcap: float = 0.0,
               pv_split: tuple[int, ...] | None = None, cu_seqlens_q=None, cu_seqlens_k=None,
-              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, **tuning):
+              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, deterministic: bool = False,
+              **tuning):
     """Softmax(q k^T * scale) v for q of shape (B, S_q, H, D) and k, v of shape (B, S_k, H_kv, D), or the
     (B, H, S, D) layouts with layout="bhsd".
 
@@ -61,6 +63,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     Each sequence is attended on its own (causal and windows aligned to its own bottom right); o is
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
+
+    Autograd: where grad mode is on and q, k or v requires grad (fixed lengths, D 64/96/128 on sm_90a so far), o
+    is differentiable and its `.backward()` runs flashgen's backward kernels (codegen.backward); lse is not.
+    `deterministic=True` (bit-identical gradients run to run) is refused until it is written.
     """
     _require_torch("codegen.attention()")
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
@@ -68,6 +74,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
                                     softcap=softcap, pv_split=pv_split, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=max_seqlen_k, tuning=tuning)
+    elif (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
+          and _needs_grad(q, k, v)):
+        from .backward import differentiable_attention
+
+        if deterministic:
+            raise InputError("deterministic=True is not implemented yet: dQ is summed over key blocks by atomics, in "
+                             "no fixed order")
+        o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
+                                          softcap=softcap, pv_split=pv_split, tuning=tuning)
     elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
         o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse)
     else:  # varlen: the offsets are copied to the host and checked on every call
@@ -77,6 +92,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
         call()
         o, lse = call.o, call.lse
     return (o, lse) if return_lse else o
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,

@@ -144,17 +144,8 @@ class OperandDerivation:
         if self.mma_major is None:
             return []
         row_name, k_name = self._row_and_k_names()
-        at = lambda **c: int(self.layout(**{row_name: 0, k_name: 0, **c}))
-        if self.mma_major == "K":
-            sbo = at(**{row_name: 8}) - at()   # next 8-row group along M/N
-            lbo = 16                           # unused for swizzled K-major; PTX: "assumed to be 1"
-        else:
-            sbo = at(**{k_name: 8}) - at()     # next 8-row group along K
-            atom_cols = self.swizzle.span_bytes // self.elem_bytes
-            # LBO: next atom along M/N; with a single atom in the footprint it is never used.
-            lbo = at(**{row_name: atom_cols}) - at() if self.coords[row_name] > atom_cols else 16
-        return [SmemDescriptor(self.descriptor_kind, at(**{k_name: k0}), lbo, sbo, self.swizzle)
-                for k0 in self._slices]
+        return slice_descriptors(self, major=self.mma_major, row_name=row_name, k_name=k_name, row0=0,
+                                 slices=self._slices)
 
     def descriptors(self) -> list[int]:
         """Encoded 64-bit descriptors, one per K slice; add ``smem_addr >> 4`` to bits 0-13 in the kernel."""
@@ -173,21 +164,9 @@ class OperandDerivation:
     # ----- verification ----------------------------------------------------------------------
 
     def _verify_descriptors(self) -> list[Mismatch]:
-        found = []
         row_name, k_name = self._row_and_k_names()
-        extents = {row_name: self.mma_rows, k_name: self.mma_k}
-        footprint = {name: extents[name] for name in self.coords}  # tile coordinate order
-        for k0, desc in zip(self._slices, self.descriptor_objects()):
-            check_footprint(desc, major=self.mma_major, elem_bytes=self.elem_bytes, rows=self.mma_rows, k=self.mma_k)
-            expected = lambda c, k0=k0: self.layout.apply_flat({row_name: c[row_name], k_name: c[k_name] + k0})
-            actual = lambda c, desc=desc: mma_read_byte(desc, major=self.mma_major, elem_bytes=self.elem_bytes,
-                                                        row=c[row_name], k=c[k_name])
-            for m in compare_maps(footprint, expected, actual, check=f"{self.descriptor_kind} k-slice {k0}"):
-                # Report tile coordinates, and decode the byte read to the tile element stored there.
-                coords = {**m.coords, k_name: m.coords[k_name] + k0}
-                decoded = self.layout.solve(m.actual) if 0 <= m.actual < self.smem_bytes else None
-                found.append(Mismatch(coords, m.expected, m.actual, decoded, m.check, m.basis))
-        return found
+        return verify_slices(self, self.descriptor_objects(), major=self.mma_major, row_name=row_name, k_name=k_name,
+                             rows=self.mma_rows, row0=0, slices=self._slices)
 
     def check_tensor_map(self, params: TensorMapParams, origin: tuple, *, batch_index: int, seq_start: int,
                          head: int, stride_b: int, stride_s: int, stride_h: int) -> list[Mismatch]:
@@ -235,6 +214,104 @@ class OperandDerivation:
     def verify(self) -> list[Mismatch]:
         """All disagreements between the layout, its formula, the descriptor model and the TMA model."""
         return self._verify_formula() + self._verify_descriptors() + self._verify_tensor_map()
+
+
+def slice_descriptors(tile: OperandDerivation, *, major: str, row_name: str, k_name: str, row0: int,
+                      slices: tuple[int, ...]) -> list[SmemDescriptor]:
+    """The descriptors of an MMA reading ``tile`` with ``row_name`` as its M/N and ``k_name`` as its K, from row
+    ``row0``: one per K slice starting at each of ``slices``, for a tile placed at shared address 0."""
+    at = lambda **c: int(tile.layout(**{row_name: row0, k_name: 0, **c}))
+    if major == "K":
+        sbo = at(**{row_name: row0 + 8}) - at()  # next 8-row group along M/N
+        lbo = 16                                 # unused for swizzled K-major; PTX: "assumed to be 1"
+    else:
+        sbo = at(**{k_name: 8}) - at()           # next 8-row group along K
+        atom_cols = tile.swizzle.span_bytes // tile.elem_bytes
+        # LBO: next atom along M/N; with a single atom in the footprint it is never used.
+        lbo = at(**{row_name: row0 + atom_cols}) - at() if tile.coords[row_name] > row0 + atom_cols else 16
+    return [SmemDescriptor(ARCH_DESCRIPTOR_KIND[tile.arch], at(**{k_name: k0}), lbo, sbo, tile.swizzle)
+            for k0 in slices]
+
+
+def verify_slices(tile: OperandDerivation, descriptors, *, major: str, row_name: str, k_name: str, rows: int,
+                  row0: int, slices: tuple[int, ...]) -> list[Mismatch]:
+    """Where the MMA model, reading through each slice's descriptor, disagrees with the tile's layout over the
+    instruction's footprint (``rows`` along M/N from ``row0``, one K slice)."""
+    found = []
+    mma_k = MMA_K_BYTES // tile.elem_bytes
+    extents = {row_name: rows, k_name: mma_k}
+    footprint = {name: extents[name] for name in tile.coords}  # tile coordinate order
+    for k0, desc in zip(slices, descriptors):
+        check_footprint(desc, major=major, elem_bytes=tile.elem_bytes, rows=rows, k=mma_k)
+        expected = lambda c, k0=k0: tile.layout.apply_flat({row_name: c[row_name] + row0, k_name: c[k_name] + k0})
+        actual = lambda c, desc=desc: mma_read_byte(desc, major=major, elem_bytes=tile.elem_bytes,
+                                                    row=c[row_name], k=c[k_name])
+        for m in compare_maps(footprint, expected, actual, check=f"{desc.kind} k-slice {k0}" + (f", rows from {row0}" if row0 else "")):
+            # Report tile coordinates, and decode the byte read to the tile element stored there.
+            coords = {**m.coords, row_name: m.coords[row_name] + row0, k_name: m.coords[k_name] + k0}
+            decoded = tile.layout.solve(m.actual) if 0 <= m.actual < tile.smem_bytes else None
+            found.append(Mismatch(coords, m.expected, m.actual, decoded, m.check, m.basis))
+    return found
+
+
+@dataclass(frozen=True, eq=False)
+class TileRead:
+    """One wgmma operand read of a staged tile, other than the read its derivation was made for.
+
+    The backward kernels read each tile as two operands: Q as the B of S^T = K Q^T (K-major: K runs along the
+    head dim) and as the B of dK += dS^T Q (MN-major: K runs along the queries); K as the A of S^T in 64-row
+    windows and as the B of dQ = dS K. A read names the tile coordinate the MMA walks as its M or N
+    (``row_name``, ``rows`` of it from ``row0``) and as its K (``k_name``, 16-element slices from each of
+    ``slices``); ``read_tile`` derives its descriptors and proves them against the tile's layout with the
+    MMA model before returning it.
+    """
+
+    tile: OperandDerivation
+    row_name: str
+    k_name: str
+    rows: int
+    row0: int
+    slices: tuple[int, ...]
+    major: str
+
+    @property
+    def transpose(self) -> int:
+        """The wgmma imm-trans bit of this operand: 0 K-major, 1 MN-major (16-bit types)."""
+        return 0 if self.major == "K" else 1
+
+    def descriptor_objects(self) -> list[SmemDescriptor]:
+        return slice_descriptors(self.tile, major=self.major, row_name=self.row_name, k_name=self.k_name,
+                                 row0=self.row0, slices=self.slices)
+
+    def descriptors(self) -> list[int]:
+        return [d.encode() for d in self.descriptor_objects()]
+
+
+def read_tile(tile: OperandDerivation, *, row_name: str, k_name: str, rows: int, row0: int = 0,
+              k_first: int = 0, k_extent: int | None = None) -> TileRead:
+    """The read of ``tile`` with ``row_name`` as the MMA's M/N (``rows`` of it from ``row0``) and ``k_name`` as its
+    K (from ``k_first`` over ``k_extent``, default the rest), verified; raises LayoutError on any mismatch."""
+    if {row_name, k_name} != set(tile.coords):
+        raise LayoutError(f"a read of the {tile.operand} tile names its coordinates {tuple(tile.coords)}, got "
+                          f"({row_name!r}, {k_name!r})")
+    if not 0 <= row0 or row0 + rows > tile.coords[row_name] or rows % 8:
+        raise LayoutError(f"rows [{row0}, {row0 + rows}) of {row_name}: outside the tile's {tile.coords[row_name]} "
+                          "or not whole 8-row core matrices")
+    mma_k = MMA_K_BYTES // tile.elem_bytes
+    k_extent = tile.coords[k_name] - k_first if k_extent is None else k_extent
+    if k_first % mma_k or k_extent % mma_k or k_extent <= 0 or k_first + k_extent > tile.coords[k_name]:
+        raise LayoutError(f"K range [{k_first}, {k_first + k_extent}) of {k_name}: not whole {mma_k}-element slices "
+                          f"inside the tile's {tile.coords[k_name]}")
+    # K-major where the MMA's K is the tile's contiguous (inner) coordinate.
+    major = "K" if k_name == tile.coords_names[1] else "MN"
+    read = TileRead(tile, row_name, k_name, rows, row0, tuple(range(k_first, k_first + k_extent, mma_k)), major)
+    mismatches = verify_slices(tile, read.descriptor_objects(), major=major, row_name=row_name, k_name=k_name,
+                               rows=rows, row0=row0, slices=read.slices)
+    if mismatches:
+        shown = "\n  ".join(str(m) for m in mismatches[:8])
+        raise LayoutError(f"{major}-major read of the {tile.operand} tile ({row_name} {row0}+{rows}, {k_name} from "
+                          f"{k_first}) fails verification:\n  {shown}")
+    return read
 
 
 def _check_spec(operand, arch, head_dim, block_rows, dtype) -> None:

@@ -85,8 +85,14 @@ def test_expanded_tensor():
 
 def test_inputs_that_need_gradients():
     q, k, v = qkv()
-    with pytest.raises(InputError, match="no backward pass"):
-        attention(q.requires_grad_(), k, v)
+    cu = torch.tensor([0, 128], dtype=torch.int32)
+    with pytest.raises(InputError, match="no backward pass"):  # varlen: no backward yet
+        attention(q[0].requires_grad_(), k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu)
+    wide = torch.randn(1, 128, 2, 192, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(InputError, match="backward: head_dim 192"):  # refused before the forward runs
+        attention(wide, wide, wide)
+    with pytest.raises(InputError, match="deterministic=True is not implemented"):
+        attention(q.requires_grad_(), k, v, deterministic=True)
 
 
 def test_misaligned_pointer():

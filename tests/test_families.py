@@ -29,11 +29,11 @@ def test_kernel_templates_stay_small(path):
 
 
 def test_every_family_is_registered_with_its_template():
-    for name in ("fwd_sm90", "probe_sm90", "fwd_sm100", "probe_sm100"):
+    for name in ("fwd_sm90", "probe_sm90", "fwd_sm100", "probe_sm100", "decode_sm90", "bwd_sm90"):
         family = families.get(name)
         assert (ROOT / "templates" / family.template).is_file()
     with pytest.raises(KeyError, match="no kernel family"):
-        families.get("bwd_sm90")
+        families.get("bwd_sm100")
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,0 +1,200 @@
+"""The backward pass: `attention_backward` runs the bwd_sm90 kernels (codegen/families/bwd_sm90) on the forward's
+o and logsumexp, and `AttentionFunction` makes `codegen.attention()` differentiable through them.
+
+One call launches three kernels on the current stream: `_pre` (delta = rowsum(dO * O), the log2 logsumexp, the
+fp32 dQ accumulator zeroed), the main kernel (dK, dV, and dQ added into the accumulator) and `_post` (dQ in the
+input dtype). Every input is checked before the first launch; the workspaces come from torch's allocator.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from layouts import LayoutError
+from layouts.dtypes import BY_TORCH_NAME
+
+from . import api
+from .api import InputError, _check_inputs, _current_stream, _device_arch, _strides_bshd
+from .families.bwd_sm90 import BackwardSpec, post_name, pre_name, resolve
+from .families.fwd_sm90.abi import LOG2E
+from .spec import SpecError
+
+MAX_LAUNCHERS = 64
+_LAUNCHERS: dict = {}
+
+
+def backward_spec(shape, dtype, *, causal, window, softcap, arch: str) -> BackwardSpec:
+    """The resolved spec of a call's backward kernels, or the InputError that says why there is none."""
+    if arch != "sm_90a":
+        raise InputError(f"the backward kernels are generated for sm_90a (H100/H200) only so far, not {arch}")
+    try:
+        return resolve(BackwardSpec(seq_len=shape.seq_q, seq_len_k=shape.seq_k, heads=shape.heads,
+                                    kv_heads=shape.kv_heads, head_dim=shape.dim,
+                                    dtype=BY_TORCH_NAME[str(dtype).split(".")[-1]].name, causal=bool(causal),
+                                    window=tuple(window) if window else (-1, -1), softcap=float(softcap)))
+    except (SpecError, TypeError) as e:
+        raise InputError(f"backward: {e}") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _loaded(spec: BackwardSpec, device_index: int):
+    from . import build, driver
+
+    built = build.build(spec)
+    kernel = driver.load(built.compiled.cubin, built.rendered.kernel_name, built.plan.smem.total, device_index)
+    return built, kernel, driver.sibling(kernel, pre_name(spec)), driver.sibling(kernel, post_name(spec))
+
+
+def _strided(name: str, t, layout: str) -> dict:
+    """A tensor's address and byte strides as the ABI's strided_tensor parameters."""
+    e = t.element_size()
+    sb, ss, sh = _strides_bshd(t, layout)
+    return {f"{name}_gmem": t.data_ptr(), f"{name}_batch_bytes": sb * e, f"{name}_row_bytes": ss * e,
+            f"{name}_head_bytes": sh * e}
+
+
+def _check_like(name: str, t, q, layout: str):
+    """o and dO: q's shape, dtype and device; dO of any strides is made TMA-readable (a copy where needed)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype or t.device != q.device:
+        raise InputError(f"{name} must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}")
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any(
+            t.shape[a] > 1 and (t.stride(a) * t.element_size()) % 16 for a in range(3)):
+        t = t.contiguous()
+    return t
+
+
+class BackwardLauncher:
+    """The loaded kernels of one call signature, their grids and the tensor-map parameters of q, k, v, dO."""
+
+    def __init__(self, spec: BackwardSpec, shape, layout: str, scale: float, q, k, v, do, device):
+        from .launcher import TensorMapCache
+
+        self.built, self.kernel, self.pre, self.post = _loaded(spec, device.index or 0)
+        self.plan, self.shape, self.layout, self.scale, self.device = self.built.plan, shape, layout, scale, device
+        self.maps = {}
+        for op, t, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
+                                  ("v", v, shape.seq_k, shape.kv_heads), ("do", do, shape.seq_q, shape.heads)):
+            sb, ss, sh = _strides_bshd(t, layout)
+            try:
+                params = getattr(self.plan, op).tensor_map.instantiate(batch=shape.batch, seq_len=seq, heads=heads,
+                                                                       stride_b=sb, stride_s=ss, stride_h=sh)
+            except LayoutError as e:
+                raise InputError(f"{op}: {e}") from None
+            self.maps[op] = TensorMapCache(params, 8)
+
+    def __call__(self, q, k, v, o, lse, do):
+        import torch
+
+        from .launcher import launch_now
+
+        plan, shape = self.plan, self.shape
+        rows = plan.padded_rows
+        f32 = dict(dtype=torch.float32, device=q.device)
+        lse_log2 = torch.empty((shape.batch, shape.heads, rows), **f32)
+        delta = torch.empty((shape.batch, shape.heads, rows), **f32)
+        dq_accum = torch.empty((shape.batch, shape.heads, rows, shape.dim), **f32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        stream = _current_stream(q.device)
+        work = dict(lse_log2=lse_log2.data_ptr(), delta=delta.data_ptr(), dq_accum=dq_accum.data_ptr())
+        pre = dict(work, **_strided("o", o, self.layout), **_strided("do", do, self.layout), lse=lse.data_ptr(),
+                   batch=shape.batch)
+        main = dict(work, **{f"tmap_{op}": self.maps[op].get(t.data_ptr())
+                             for op, t in (("q", q), ("k", k), ("v", v), ("do", do))},
+                    **_strided("dk", dk, self.layout), **_strided("dv", dv, self.layout),
+                    scale_log2=float(self.scale * LOG2E), scale=float(self.scale))
+        post = dict(dq_accum=dq_accum.data_ptr(), **_strided("dq", dq, self.layout), scale=float(self.scale),
+                    batch=shape.batch)
+        row_grid = plan.row_grid(shape.batch)
+        from .families.bwd_sm90.plan import ROW_THREADS
+
+        launch_now(self.pre, row_grid, ROW_THREADS, stream, plan.pre_abi.pack(pre))
+        launch_now(self.kernel, plan.grid(shape.batch), plan.threads, stream, plan.abi.pack(main))
+        launch_now(self.post, row_grid, ROW_THREADS, stream, plan.post_abi.pack(post))
+        return dq, dk, dv
+
+
+def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
+                       window: tuple[int, int] | None = None, softcap: float = 0.0, layout: str = "bshd",
+                       deterministic: bool = False):
+    """dq, dk, dv of o = attention(q, k, v, ...) for the gradient `do` of o, given o and its logsumexp `lse`
+    ((B, H, S_q) float32, natural log, as attention(..., return_lse=True) returns it). The options must be
+    those of the forward call. Under grouped-query attention dk and dv are summed over each K/V head's query
+    heads. The gradients have q's, k's and v's shapes and strides where those are dense."""
+    import torch
+
+    api._require_torch("codegen.attention_backward()")
+    if deterministic:
+        raise InputError("deterministic=True is not implemented yet: dQ is summed over key blocks by atomics, in "
+                         "no fixed order")
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        q, k, v = q.detach(), k.detach(), v.detach()
+    with torch.no_grad():
+        shape = _check_inputs(q, k, v, layout)
+        o = _check_like("o", o, q, layout)
+        do = _check_like("do", do, q, layout)
+        if (not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or lse.device != q.device
+                or tuple(lse.shape) != (shape.batch, shape.heads, shape.seq_q)):
+            raise InputError(f"lse must be the forward's float32 logsumexp of shape {(shape.batch, shape.heads, shape.seq_q)} "
+                             f"on {q.device}")
+        lse = lse.contiguous()
+        if scale is None:
+            scale = 1.0 / math.sqrt(shape.dim)
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise InputError(f"scale must be a positive finite number, got {scale!r}")
+        api._check_device(q)
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, bool(causal),
+               float(scale), layout, None if window is None else tuple(window), float(softcap))
+        launcher = _LAUNCHERS.get(key)
+        if launcher is None:
+            spec = backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap,
+                                 arch=_device_arch(q.device))
+            launcher = BackwardLauncher(spec, shape, layout, float(scale), q, k, v, do, q.device)
+            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
+                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
+            _LAUNCHERS[key] = launcher
+        return launcher(q, k, v, o, lse, do)
+
+
+def _function():
+    import torch
+
+    class AttentionFunction(torch.autograd.Function):
+        """o, lse = attention(q, k, v, ...) with o differentiable through the backward kernels (lse is not)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, options):
+            o, lse = api._call(q, k, v, options["causal"], options["scale"], options["layout"], options["window"],
+                               options["softcap"], options["pv_split"], options["tuning"], return_lse=True)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.options = options
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, _dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            opt = ctx.options
+            dq, dk, dv = attention_backward(q, k, v, o, lse, do, causal=opt["causal"], scale=opt["scale"],
+                                            window=opt["window"], softcap=opt["softcap"], layout=opt["layout"])
+            return dq, dk, dv, None
+
+    return AttentionFunction
+
+
+@functools.lru_cache(maxsize=1)
+def attention_function():
+    return _function()
+
+
+def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning):
+    """attention() where q, k or v requires grad: every check of the backward spec first (an unsupported case is an
+    InputError before the forward runs), then the forward through AttentionFunction."""
+    shape = _check_inputs(q.detach(), k.detach(), v.detach(), layout)
+    arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
+    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch)
+    options = dict(causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split,
+                   tuning=tuning)
+    return attention_function().apply(q, k, v, options)

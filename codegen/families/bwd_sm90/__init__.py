@@ -1,0 +1,139 @@
+"""The backward kernels for sm_90a: dQ, dK and dV from the forward's o and logsumexp (templates/bwd_sm90/, the
+plan in plan.py, the ABI in abi.py)."""
+
+from __future__ import annotations
+
+from layouts import fragments
+
+from codegen.abi import MBARRIER_BYTES
+
+from .. import Family
+from ..fwd_sm90 import describe_descriptors
+from ..fwd_sm90.abi import LOG2E
+from . import abi as bwd_abi
+from .plan import (BLOCK_M, BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, PRODUCER_REGS, ROW_THREADS, ROW_WARPS,
+                   BackwardSpec, Plan, make_plan, resolve)
+
+__all__ = ["BackwardSpec", "Plan", "FAMILY", "make_plan", "resolve"]
+
+TMA_COORD_PARAMS = ("row", "head", "batch")
+
+
+def pre_name(spec: BackwardSpec) -> str:
+    return spec.name + "_pre"
+
+
+def post_name(spec: BackwardSpec) -> str:
+    return spec.name + "_post"
+
+
+def regenerate_command(spec: BackwardSpec) -> str:
+    s = spec
+    args = ["flashgen", "--shape", f"{s.seq_len},{s.heads},{s.head_dim}", "--backward", "--dtype", s.dtype]
+    if s.seq_len_k != s.seq_len:
+        args += ["--seq-k", str(s.seq_len_k)]
+    if s.kv_heads != s.heads:
+        args += ["--kv-heads", str(s.kv_heads)]
+    if s.causal:
+        args.append("--causal")
+    if s.window != (-1, -1):
+        args += ["--window", ",".join(map(str, s.window))]
+    if s.softcap:
+        args += ["--softcap", repr(float(s.softcap))]
+    return " ".join(args)
+
+
+def summary(plan: Plan) -> str:
+    s = plan.spec
+    return (f"{s.name}: backward, S_q={s.seq_len} S_k={s.seq_len_k} H={s.heads} over H_kv={s.kv_heads}, "
+            f"D={s.head_dim} {s.dtype}, {'causal' if s.causal else 'non-causal'}, {BLOCK_N}-key CTAs over "
+            f"{BLOCK_M}-query blocks, {s.stages} stages")
+
+
+def _descs(read) -> tuple[list[int], str]:
+    values = read.descriptors()
+    return values, describe_descriptors(values)
+
+
+def context(plan: Plan) -> dict:
+    s = plan.spec
+    for n in (BLOCK_M, s.head_dim) + tuple(c.cols for c in plan.dq_chunks):
+        fragments.check_accumulator_prefix(n)
+    fragments.s_slice_is_a_operand(BLOCK_M)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
+    if not plan.ds_pair_contiguous:
+        raise AssertionError("the dS^T tile must keep adjacent queries contiguous for its 32-bit stores")
+    import codegen
+
+    q_as_b, q_as_b_fields = _descs(plan.q_as_b)
+    q_as_b_mn, q_as_b_mn_fields = _descs(plan.q_as_b_mn)
+    ds_as_a, ds_as_a_fields = _descs(plan.ds_as_a)
+    kv_as_a = [r.descriptors() for r in plan.kv_as_a]
+    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads}
+    (dq_trans,) = transposes
+    (kv_as_a_trans,) = {r.transpose for r in plan.kv_as_a}
+    tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
+                  "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
+                  "coords": plan.origin_c(op, TMA_COORD_PARAMS, seq_len)}
+                 for name, op, seq_len in (("q", plan.q, s.seq_len), ("k", plan.k, s.seq_len_k))]
+    (tma_rank,) = {t["rank"] for t in tma_tiles}
+    left, right = plan.window_bounds
+    return {
+        "version": codegen.__version__,
+        "regenerate": regenerate_command(s),
+        "summary": summary(plan),
+        "kernel_name": s.name,
+        "ptx_type": s.dtype,
+        "seq_len": s.seq_len,
+        "seq_len_k": s.seq_len_k,
+        "heads": s.heads,
+        "group": s.group,
+        "head_dim": s.head_dim,
+        "block_m": BLOCK_M,
+        "block_n": BLOCK_N,
+        "keys_per_consumer": KEYS_PER_CONSUMER,
+        "stages": s.stages,
+        "padded_rows": plan.padded_rows,
+        "window_left": left,
+        "window_right": right,
+        "softcap_c": f"{float(s.softcap)!r}f",
+        "log2e": repr(LOG2E),
+        "elem_bytes": s.elem_bytes,
+        "threads": plan.threads,
+        "row_threads": ROW_THREADS,
+        "row_warps": ROW_WARPS,
+        "smem": plan.smem,
+        "smem_align": plan.smem_align,
+        "desc_address_shift": plan.desc_address_shift,
+        "kv_as_a": kv_as_a,
+        "kv_as_a_fields": describe_descriptors(kv_as_a[0]) + "; window c starts "
+                          f"{plan.kv_as_a[1].descriptor_objects()[0].start_address} B further per c",
+        "kv_as_a_trans": kv_as_a_trans,
+        "q_as_b": q_as_b,
+        "q_as_b_fields": q_as_b_fields,
+        "q_as_b_trans": plan.q_as_b.transpose,
+        "q_as_b_mn": q_as_b_mn,
+        "q_as_b_mn_fields": q_as_b_mn_fields,
+        "q_as_b_mn_trans": plan.q_as_b_mn.transpose,
+        "ds_as_a": ds_as_a,
+        "ds_as_a_fields": ds_as_a_fields,
+        "ds_as_a_trans": plan.ds_as_a.transpose,
+        "ds_offset_c": plan.ds.formula_c,
+        "dq_trans": dq_trans,
+        "dq_widths": sorted({c.cols for c in plan.dq_chunks}),
+        "dq_chunks": [{"first": c.first, "cols": c.cols, "descs": [r.descriptors() for r in c.reads],
+                       "fields": describe_descriptors(c.reads[0].descriptors())} for c in plan.dq_chunks],
+        "acc": fragments.wgmma_accumulator_c(),
+        "tma_rank": tma_rank,
+        "tma_tiles": tma_tiles,
+        "abi": plan.abi,
+        "pre_abi": plan.pre_abi,
+        "post_abi": plan.post_abi,
+        "family_barriers": bwd_abi.BARRIER_NAMES,
+        "mbarrier_bytes": MBARRIER_BYTES,
+        "producer_regs": PRODUCER_REGS,
+        "consumer_regs": CONSUMER_REGS,
+    }
+
+
+FAMILY = Family(name="bwd_sm90", template="bwd_sm90/kernel.cu.j2", resolve=resolve, make_plan=make_plan,
+                context=context, kernel_name=lambda spec: spec.name)

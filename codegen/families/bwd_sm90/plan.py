@@ -1,0 +1,326 @@
+"""The backward sm_90a family's spec and plan: dQ, dK and dV of softmax(Q K^T * scale) V.
+
+Three kernels in one module (templates/bwd_sm90/):
+
+* `_pre`  per query row: delta = rowsum(dO * O), the logsumexp in log2 units (+inf where the forward's is -inf,
+  so a row that saw no key gets P = 0), and the row's fp32 dQ accumulator zeroed;
+* main   one CTA per (key block, K/V head, sequence). Warpgroup 0's producer thread loads the block's K and V
+  once, then Q, dO, the log2 logsumexps and deltas of every (query head of the group, query block) the keys
+  are visible to, through a ring. Consumer warpgroup c owns keys [64c, 64c + 64) of the block and computes,
+  per query block, S^T = K Q^T and dP^T = V dO^T (M = keys: the "swapped" products, so P^T and dS^T come out
+  as accumulators whose registers are the A operand of the next products), then dV += P^T dO and
+  dK += dS^T Q with A in registers, and dQ += dS K with dS^T staged in shared memory, added into the fp32
+  accumulator by vector atomics. dK and dV stay in registers over the whole loop (summed over a GQA group's
+  query heads) and are stored once;
+* `_post` dQ = accumulator * scale in the input dtype.
+
+Every shared-memory number comes from layouts/: the tiles from derive_operand and each of the tiles' several
+reads (K-major and MN-major, 64-row windows) from layouts.operands.read_tile, verified before rendering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from functools import cached_property
+
+import layouts
+from layouts.operands import TileRead, read_tile
+
+from codegen.abi import KernelABI
+from codegen.spec import MMA_K, SUPPORTED_DTYPES, SpecError
+
+from ..common import descriptor_address_shift, tma_origin_c
+from .abi import POST_PARAMS, PRE_PARAMS, kernel_abi, row_abi
+
+ARCHS = ("sm_90a",)
+THREADS_PER_WARPGROUP = 128
+WARPS_PER_WARPGROUP = 4
+CONSUMERS = 2                 # warpgroups of 64 keys each
+KEYS_PER_CONSUMER = 64        # the M of S^T = K Q^T (wgmma is m64)
+BLOCK_N = CONSUMERS * KEYS_PER_CONSUMER
+BLOCK_M = 64                  # queries per ring slot: the N of S^T and the K of dV += P^T dO
+# dK and dV (head_dim / 2 f32 each per thread) live for the whole loop beside S^T, dP^T (BLOCK_M / 2 each) and a
+# dQ chunk: with head dims above 128 they do not fit 240 registers (a split of dK/dV across warpgroups is not
+# written yet).
+HEAD_DIMS = (64, 96, 128)
+DQ_CHUNK_COLS = 64            # dQ += dS K is issued in chunks of at most this N (registers; whole swizzle atoms)
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
+SMEM_LIMIT = 227 * 1024
+SMEM_ALIGN_SLACK = 1024
+MBARRIER_ALIGN = 8
+STAGES = 2
+ROW_WARPS = 4                 # the row kernels (_pre, _post): one warp per query row, four per block
+ROW_THREADS = 32 * ROW_WARPS
+
+
+@dataclass(frozen=True)
+class BackwardSpec:
+    seq_len: int                # S_q
+    seq_len_k: int              # S_k
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bf16"
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)  # (left, right) around each query's diagonal i + S_k - S_q; -1 unbounded
+    softcap: float = 0.0
+    stages: int = STAGES
+    arch: str = "sm_90a"
+
+    family = "bwd_sm90"  # its kernel family (codegen.families.family_for), not a field
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise SpecError(message)
+
+        need(self.arch in ARCHS, f"the backward kernels are written for {ARCHS}, not {self.arch!r}")
+        for name in ("seq_len", "seq_len_k", "heads", "kv_heads"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+        need(self.heads % self.kv_heads == 0, f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads}")
+        need(self.head_dim in HEAD_DIMS, f"head_dim {self.head_dim}: the backward kernels support {HEAD_DIMS} so far "
+             "(dK and dV of larger head dims do not fit a warpgroup's registers in this design)")
+        need(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of "
+             f"{', '.join(SUPPORTED_DTYPES)}")
+        need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
+             f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
+        need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
+        need(isinstance(self.stages, int) and 2 <= self.stages <= 4, f"stages must be 2..4, got {self.stages!r}")
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def elem_bytes(self) -> int:
+        return SUPPORTED_DTYPES[self.dtype]
+
+    @property
+    def name(self) -> str:
+        extras = "" if self.window == (-1, -1) else "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
+        if self.softcap:
+            extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
+        return (f"flashgen_bwd_{self.arch}_s{self.seq_len}_sk{self.seq_len_k}_h{self.heads}_kvh{self.kv_heads}"
+                f"_d{self.head_dim}_{self.dtype}_{'causal' if self.causal else 'full'}_st{self.stages}{extras}")
+
+    def replace(self, **changes) -> "BackwardSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["window"] = list(self.window)
+        return d
+
+
+@functools.lru_cache(maxsize=256)
+def resolve(spec: BackwardSpec) -> BackwardSpec:
+    # A bound reaching past every key is none: one kernel (and no int overflow) for all of them.
+    window = tuple(-1 if w >= spec.seq_len + spec.seq_len_k else w for w in spec.window)
+    spec = spec.replace(window=window)
+    Plan(spec).smem  # raises the shared-memory error
+    return spec
+
+
+@dataclass(frozen=True)
+class SmemMap:
+    k_offset: int
+    v_offset: int
+    kv_bytes: int    # one K (or V) tile of BLOCK_N keys
+    q_offset: int
+    do_offset: int
+    row_bytes: int   # one ring slot's Q (or dO) tile of BLOCK_M queries
+    lse_offset: int
+    delta_offset: int
+    stats_bytes: int  # one ring slot's BLOCK_M floats
+    ds_offset: int
+    ds_bytes: int    # one consumer's dS^T tile
+    bar_offset: int
+    total: int
+
+
+@dataclass(frozen=True)
+class DqChunk:
+    first: int          # first head-dim column
+    cols: int           # N of its wgmma
+    reads: tuple        # per consumer: the K tile read as dQ's B (MN-major) over that consumer's keys
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: BackwardSpec
+
+    # ----- the staged tiles (row tiles: rows of the head dim, or of queries for dS^T) -----
+
+    @cached_property
+    def q(self) -> layouts.OperandDerivation:
+        return _derive("k", self.spec.arch, self.spec.head_dim, BLOCK_M, self.spec.dtype)
+
+    @property
+    def do(self) -> layouts.OperandDerivation:
+        return self.q  # dO is staged exactly as Q is, and read the same two ways
+
+    @cached_property
+    def k(self) -> layouts.OperandDerivation:
+        return _derive("k", self.spec.arch, self.spec.head_dim, BLOCK_N, self.spec.dtype)
+
+    @property
+    def v(self) -> layouts.OperandDerivation:
+        return self.k
+
+    @cached_property
+    def ds(self) -> layouts.OperandDerivation:
+        """One consumer's dS^T: its 64 keys (rows) by the block's 64 queries (columns)."""
+        return _derive("k", self.spec.arch, BLOCK_M, KEYS_PER_CONSUMER, self.spec.dtype)
+
+    # ----- the reads of each tile (layouts.operands.read_tile, each verified) -----
+
+    @cached_property
+    def kv_as_a(self) -> tuple[TileRead, ...]:
+        """K (and V) as the A of S^T = K Q^T (dP^T = V dO^T): consumer c's 64-row window, K over the head dim."""
+        return tuple(read_tile(self.k, row_name="n", k_name="k", rows=KEYS_PER_CONSUMER, row0=KEYS_PER_CONSUMER * c)
+                     for c in range(CONSUMERS))
+
+    @cached_property
+    def q_as_b(self) -> TileRead:
+        """Q (and dO) as the B of S^T (dP^T): N = the block's queries, K over the head dim."""
+        return read_tile(self.q, row_name="n", k_name="k", rows=BLOCK_M)
+
+    @cached_property
+    def q_as_b_mn(self) -> TileRead:
+        """Q (and dO) as the B of dK += dS^T Q (dV += P^T dO): N = the head dim, K over the queries."""
+        return read_tile(self.q, row_name="k", k_name="n", rows=self.spec.head_dim)
+
+    @cached_property
+    def ds_as_a(self) -> TileRead:
+        """dS^T as the A of dQ += dS K: M = the queries (the tile's columns), K over the consumer's keys."""
+        return read_tile(self.ds, row_name="k", k_name="n", rows=BLOCK_M)
+
+    @cached_property
+    def dq_chunks(self) -> tuple[DqChunk, ...]:
+        d = self.spec.head_dim
+        atom = self.k.swizzle.span_bytes // self.k.elem_bytes
+        step = max(DQ_CHUNK_COLS // atom, 1) * atom  # chunks start on swizzle atoms
+        chunks = []
+        for first in range(0, d, step):
+            cols = min(step, d - first)
+            reads = tuple(read_tile(self.k, row_name="k", k_name="n", rows=cols, row0=first,
+                                    k_first=KEYS_PER_CONSUMER * c, k_extent=KEYS_PER_CONSUMER)
+                          for c in range(CONSUMERS))
+            chunks.append(DqChunk(first, cols, reads))
+        return tuple(chunks)
+
+    # ----- launch shape -----
+
+    @property
+    def threads(self) -> int:
+        return (1 + CONSUMERS) * THREADS_PER_WARPGROUP
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.spec.seq_len_k // BLOCK_N)
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.spec.seq_len // BLOCK_M)
+
+    @property
+    def padded_rows(self) -> int:
+        """Query rows of the per-row workspaces (log2 logsumexp, delta, dQ accumulator): whole query blocks, so
+        the main kernel reads and adds them without bounds checks."""
+        return self.m_blocks * BLOCK_M
+
+    @cached_property
+    def abi(self) -> KernelABI:
+        return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * WARPS_PER_WARPGROUP,
+                          kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks)
+
+    @cached_property
+    def pre_abi(self) -> KernelABI:
+        return row_abi(PRE_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows, rows_per_block=ROW_WARPS)
+
+    @cached_property
+    def post_abi(self) -> KernelABI:
+        return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows, rows_per_block=ROW_WARPS)
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        return self.abi.grid.dims(batch=batch)
+
+    def row_grid(self, batch: int) -> tuple[int, int, int]:
+        """The row kernels' grid: a warp per (sequence, head, padded query row)."""
+        return self.pre_abi.grid.dims(batch=batch)
+
+    @property
+    def window_bounds(self) -> tuple[int, int]:
+        left, right = self.spec.window
+        return left, 0 if self.spec.causal else right
+
+    # ----- shared memory -----
+
+    @property
+    def smem_align(self) -> int:
+        return max(op.smem_align for op in (self.q, self.k, self.ds))
+
+    @cached_property
+    def smem(self) -> SmemMap:
+        s = self.spec
+        offset, placed = 0, {}
+        stats_bytes = BLOCK_M * 4
+        for name, align, nbytes, count in (
+                ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
+                ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
+                ("do", self.q.smem_align, self.q.smem_bytes, s.stages),
+                ("ds", self.ds.smem_align, self.ds.smem_bytes, CONSUMERS),
+                ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
+            offset = _align(offset, align)
+            placed[name] = offset
+            offset += count * nbytes
+        bar_offset = _align(offset, MBARRIER_ALIGN)
+        total = bar_offset + self.abi.barriers.bytes + SMEM_ALIGN_SLACK
+        if total > SMEM_LIMIT:
+            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; use "
+                            "fewer stages")
+        return SmemMap(placed["k"], placed["v"], self.k.smem_bytes, placed["q"], placed["do"], self.q.smem_bytes,
+                       placed["lse"], placed["delta"], stats_bytes, placed["ds"], self.ds.smem_bytes, bar_offset,
+                       total)
+
+    @property
+    def ds_pair_contiguous(self) -> bool:
+        """A thread stores dS^T as pairs of adjacent queries (columns), one 32-bit store each."""
+        return self.ds.layout.contiguous_run("k", self.ds.elem_bytes) >= 2
+
+    def origin_c(self, operand: layouts.OperandDerivation, names: tuple[str, str, str], seq_len: int) -> str:
+        return tma_origin_c(operand, names, seq_len)
+
+    @cached_property
+    def desc_address_shift(self) -> int:
+        return descriptor_address_shift((self.q, self.k, self.ds))
+
+    mapped_operands = ("q", "k", "v", "do")
+
+    def grid_description(self) -> dict:
+        return {"x": f"ceil(S_k / {BLOCK_N}) = {self.n_blocks} key blocks", "y": f"K/V heads = {self.spec.kv_heads}",
+                "z": "batch"}
+
+    def global_layout(self) -> str:
+        s = self.spec
+        return (f"q, o, do: (B, {s.seq_len}, {s.heads}, {s.head_dim}); k, v: (B, {s.seq_len_k}, {s.kv_heads}, "
+                f"{s.head_dim}), any 16-byte strides with the head dim contiguous; lse: (B, {s.heads}, {s.seq_len}) "
+                f"float32; workspaces: log2 lse and delta (B, {s.heads}, {self.padded_rows}) float32, dQ accumulator "
+                f"(B, {s.heads}, {self.padded_rows}, {s.head_dim}) float32; dq (B, {s.seq_len}, {s.heads}, "
+                f"{s.head_dim}), dk, dv (B, {s.seq_len_k}, {s.kv_heads}, {s.head_dim}) contiguous")
+
+
+@functools.lru_cache(maxsize=256)
+def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
+    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+
+
+def make_plan(spec: BackwardSpec) -> Plan:
+    return Plan(resolve(spec))
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a
