@@ -75,6 +75,24 @@ def check_accumulator_prefix(n: int, full: int = 256) -> None:
         raise LayoutError(f"N = {n}: the first {n // 2} values of each thread do not cover the 64 x {n} tile once each")
 
 
+def check_separable(n: int) -> None:
+    """Row and column of accumulator value i are a thread part plus a register part: (row, col)(lane, warp, i) =
+    (row, col)(lane, warp, 0) + (row, col)(0, 0, i) for every thread and value of the 64 x n map, so a kernel
+    may compute a thread's coordinates once and add per-register constants."""
+    acc = wgmma_accumulator(n)
+    lane, warp, reg = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), np.arange(n // 2), indexing="ij"))
+    zero = np.zeros_like(lane)
+    full = acc.apply({"lane": lane, "warp": warp, "reg": reg})
+    thread = acc.apply({"lane": lane, "warp": warp, "reg": zero})
+    register = acc.apply({"lane": zero, "warp": zero, "reg": reg})
+    for dim in ("row", "col"):
+        bad = np.nonzero(np.asarray(full[dim]) != np.asarray(thread[dim]) + np.asarray(register[dim]))[0]
+        if bad.size:
+            i = bad[0]
+            raise LayoutError(f"N = {n}: the {dim} of value {reg[i]} of lane {lane[i]}, warp {warp[i]} is not its "
+                              "thread part plus its register part")
+
+
 def wgmma_a_registers() -> LinearLayout:
     """(lane, warp, reg) -> (row, k) of the 64 x 16 A operand held in registers (16-bit types, 8 values).
 

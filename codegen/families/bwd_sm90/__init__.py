@@ -57,8 +57,9 @@ def _descs(read) -> tuple[list[int], str]:
 
 def context(plan: Plan) -> dict:
     s = plan.spec
-    for n in (BLOCK_M, s.head_dim) + tuple(c.cols for c in plan.dq_chunks):
+    for n in (BLOCK_M, s.head_dim, s.head_dim // 2) + tuple(c.cols for c in plan.dq_chunks):
         fragments.check_accumulator_prefix(n)
+    fragments.check_separable(BLOCK_M)  # the mask adds a per-register offset to a thread's value 0 (mainloop.j2)
     fragments.s_slice_is_a_operand(BLOCK_M)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
     if not plan.ds_pair_contiguous:
         raise AssertionError("the dS^T tile must keep adjacent queries contiguous for its 32-bit stores")
@@ -68,7 +69,8 @@ def context(plan: Plan) -> dict:
     q_as_b_mn, q_as_b_mn_fields = _descs(plan.q_as_b_mn)
     ds_as_a, ds_as_a_fields = _descs(plan.ds_as_a)
     kv_as_a = [r.descriptors() for r in plan.kv_as_a]
-    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads}
+    split = plan.dq_split
+    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads} | {r.transpose for r in split or ()}
     (dq_trans,) = transposes
     (kv_as_a_trans,) = {r.transpose for r in plan.kv_as_a}
     tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
@@ -119,7 +121,12 @@ def context(plan: Plan) -> dict:
         "ds_as_a_trans": plan.ds_as_a.transpose,
         "ds_offset_c": plan.ds.formula_c,
         "dq_trans": dq_trans,
-        "dq_widths": sorted({c.cols for c in plan.dq_chunks}),
+        "dq_widths": sorted({c.cols for c in plan.dq_chunks} | ({s.head_dim // 2} if split else set())),
+        "dq_split": [r.descriptors() for r in split] if split else None,
+        "dq_split_fields": describe_descriptors(split[0].descriptors()) if split else "",
+        "dq_split_cols": s.head_dim // 2,
+        "ds_buffers": plan.ds_buffers,
+        "dq_stage_bytes": plan.dq_stage_bytes,
         "dq_chunks": [{"first": c.first, "cols": c.cols, "descs": [r.descriptors() for r in c.reads],
                        "fields": describe_descriptors(c.reads[0].descriptors())} for c in plan.dq_chunks],
         "acc": fragments.wgmma_accumulator_c(),

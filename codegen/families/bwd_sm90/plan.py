@@ -137,6 +137,7 @@ class SmemMap:
     stats_bytes: int  # one ring slot's BLOCK_M floats
     ds_offset: int
     ds_bytes: int    # one consumer's dS^T tile
+    dq_offset: int   # split mode: the fp32 dQ tile staged for the bulk reduce-add
     bar_offset: int
     total: int
 
@@ -199,7 +200,34 @@ class Plan:
         return read_tile(self.ds, row_name="k", k_name="n", rows=BLOCK_M)
 
     @cached_property
+    def dq_split(self) -> tuple[TileRead, ...] | None:
+        """Where the consumers split dQ's columns: consumer c computes columns [c D/2, (c+1) D/2) over all the block's
+        keys (both consumers' dS^T), so the block adds one dQ tile instead of two. Its B is K read MN-major from
+        column c D/2; None where that read does not verify (D=96: half the head dim is not on a swizzle atom), and
+        each consumer then adds its own keys' dQ (dq_chunks)."""
+        d = self.spec.head_dim
+        try:
+            return tuple(read_tile(self.k, row_name="k", k_name="n", rows=d // CONSUMERS, row0=c * d // CONSUMERS)
+                         for c in range(CONSUMERS))
+        except layouts.LayoutError:
+            return None
+
+    @property
+    def dq_stage_bytes(self) -> int:
+        """The fp32 dQ tile of a query block, row-major as its accumulator rows are in global memory, which one
+        bulk reduce-add moves (split mode)."""
+        return BLOCK_M * self.spec.head_dim * 4 if self.dq_split else 0
+
+    @property
+    def ds_buffers(self) -> int:
+        """dS^T tiles per consumer: split mode reads the other consumer's too, so block t writes buffer t % 2 while
+        the other consumer may still read block t - 1's."""
+        return 2 if self.dq_split else 1
+
+    @cached_property
     def dq_chunks(self) -> tuple[DqChunk, ...]:
+        if self.dq_split:
+            return ()
         d = self.spec.head_dim
         atom = self.k.swizzle.span_bytes // self.k.elem_bytes
         step = max(DQ_CHUNK_COLS // atom, 1) * atom  # chunks start on swizzle atoms
@@ -272,7 +300,8 @@ class Plan:
                 ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
                 ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
                 ("do", self.q.smem_align, self.q.smem_bytes, s.stages),
-                ("ds", self.ds.smem_align, self.ds.smem_bytes, CONSUMERS),
+                ("ds", self.ds.smem_align, self.ds.smem_bytes, CONSUMERS * self.ds_buffers),
+                ("dq", 16, self.dq_stage_bytes, 1),
                 ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
             offset = _align(offset, align)
             placed[name] = offset
@@ -283,7 +312,7 @@ class Plan:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; use "
                             "fewer stages")
         return SmemMap(placed["k"], placed["v"], self.k.smem_bytes, placed["q"], placed["do"], self.q.smem_bytes,
-                       placed["lse"], placed["delta"], stats_bytes, placed["ds"], self.ds.smem_bytes, bar_offset,
+                       placed["lse"], placed["delta"], stats_bytes, placed["ds"], self.ds.smem_bytes, placed["dq"], bar_offset,
                        total)
 
     @property
