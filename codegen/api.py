@@ -44,7 +44,7 @@ def _loaded(key: KernelKey):
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, return_lse: bool = False,
               layout: str = "bshd", window: tuple[int, int] | None = None, softcap: float = 0.0,
-              pv_split: tuple[int, ...] | None = None, cu_seqlens_q=None, cu_seqlens_k=None,
+              pv_split: tuple[int, ...] | None = None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, deterministic: bool = False,
               **tuning):
     """Softmax(q k^T * scale) v for q of shape (B, S_q, H, D) and k, v of shape (B, S_k, H_kv, D), or the
@@ -53,7 +53,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     H must be a multiple of H_kv (grouped-query attention; H_kv = 1 is multi-query); K and V are read in
     place, never repeated. `causal` and `window=(left, right)` (-1 for unbounded) are aligned to the bottom
     right when S_q != S_k: query i sees keys up to i + S_k - S_q. `softcap` > 0 caps the scaled scores as
-    softcap * tanh(scores / softcap). A row that sees no key at all outputs 0 with logsumexp -inf.
+    softcap * tanh(scores / softcap). `sinks`, a float32 (H,) tensor on q's device, holds a learned logit per
+    query head (natural-log units, as gpt-oss learns them) that joins each of its rows' softmax denominators:
+    o_i = sum_j exp(s_ij) v_j / (exp(sinks[h]) + sum_j exp(s_ij)); it is never attended (it has no value) and the
+    logsumexp includes it. A row that sees no key at all outputs 0 with logsumexp -inf (with sinks: sinks[h]).
     Returns o in q's layout (and, with return_lse, the (B, H, S_q) float32 natural-log logsumexp). The kernel
     specialized for these shapes and options is generated, compiled and cached on first use.
 
@@ -71,7 +74,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     _require_torch("codegen.attention()")
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
-                                    softcap=softcap, pv_split=pv_split, cu_seqlens_q=cu_seqlens_q,
+                                    softcap=softcap, pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=max_seqlen_k, tuning=tuning)
     elif (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
@@ -82,12 +85,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
             raise InputError("deterministic=True is not implemented yet: dQ is summed over key blocks by atomics, in "
                              "no fixed order")
         o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
-                                          softcap=softcap, pv_split=pv_split, tuning=tuning)
+                                          softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning)
     elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
-        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse)
+        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks)
     else:  # varlen: the offsets are copied to the host and checked on every call
         call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                       pv_split=pv_split, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                       pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **tuning)
         call()
         o, lse = call.o, call.lse
@@ -126,23 +129,24 @@ MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
 
 
-def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True):
+def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True, sinks=None):
     """One fixed-length call: (o, lse), lse None unless return_lse (the kernel then skips it). The launcher for these shapes, strides and options is made (every
     check run) on the first call and found by a tuple of them afterwards; what the tuple does not prove
     unchanged (grad mode, the data pointers' alignment) is checked again on every call."""
     try:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
                k.device, v.device, bool(causal), scale, layout, None if window is None else tuple(window), softcap,
-               None if pv_split is None else tuple(pv_split), tuple(sorted(tuning.items())) if tuning else ())
+               None if pv_split is None else tuple(pv_split), tuple(sorted(tuning.items())) if tuning else (),
+               None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                             pv_split=pv_split, tuning=tuning)
+                             pv_split=pv_split, tuning=tuning, sinks=sinks)
         if call.spec.arch != "sm_90a":  # Blackwell: no cached launcher yet, every call prepared (and checked)
             prepared = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                               pv_split=pv_split, **tuning)
+                               pv_split=pv_split, sinks=sinks, **tuning)
             prepared()
             return prepared.o, prepared.lse if return_lse else None
         built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
@@ -154,14 +158,20 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
             _LAUNCHERS[key] = launcher
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                    (sinks is not None and sinks.requires_grad)):
         raise InputError(NO_BACKWARD)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) % 16:
         _check_inputs(q, k, v, layout)  # raises the alignment error for the tensor at fault
+    sp = 0
+    if sinks is not None:
+        sp = sinks.data_ptr()
+        if sp % 4:
+            _check_sinks(sinks, q, sinks.shape[0])
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
-    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0)
+    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0, sp)
     return o, lse
 
 
@@ -180,10 +190,11 @@ class PreparedAttention:
     """
 
     def __init__(self, built, kernel, args, grid: tuple[int, int, int], o, lse, device, *, offsets=(),
-                 tile_counter=None):
+                 tile_counter=None, sinks=None):
         self.built, self.kernel, self.args, self.grid = built, kernel, args, grid
         self.o, self.lse, self.device = o, lse, device
         self.offsets = offsets  # varlen: (cu_seqlens_q, cu_seqlens_k), read by address at every launch
+        self.sinks = sinks  # the (H,) logits, read by address at every launch
         self.tile_counter = tile_counter  # persistent: the device int the CTAs take tiles from
 
     @property
@@ -202,7 +213,7 @@ class PreparedAttention:
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
-            out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
+            sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
             tile_overlap: bool | None = None, short_tail: bool = True, trace: bool = False,
             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
             max_seqlen_k: int | None = None) -> PreparedAttention:
@@ -210,7 +221,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
 
     pv_split, block_n, stages, pingpong, persistent, tile_overlap and short_tail are the tuning knobs
     of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
-    measured choices of codegen.policy. With cu_seqlens (see `attention`) the sequence offsets are
+    measured choices of codegen.policy. `sinks` as in `attention`. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
     """
     _require_torch("codegen.prepare()")
@@ -221,8 +232,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent,
                   tile_overlap=tile_overlap, short_tail=short_tail, trace=trace)
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                         pv_split=pv_split, tuning=tuning, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                         pv_split=pv_split, tuning=tuning, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     varlen = call.varlen
     built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
     plan = built.plan
@@ -237,6 +248,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     lse = torch.empty(call.lse_shape, dtype=torch.float32, device=q.device)
     # The kernel's arguments by name; plan.abi orders, types and checks them (codegen/families/fwd_sm90/abi.py).
     values = dict(_fixed_arguments(call, plan), lse_out=lse.data_ptr())
+    if sinks is not None:
+        values["sinks"] = sinks.data_ptr()
     for name, params in _map_params(call, plan, q, k, v, o).items():  # the operands the family maps
         values[f"tmap_{name}"] = driver.encode_tensor_map(params, {"q": q, "k": k, "v": v, "o": o}[name].data_ptr())
     e = o.element_size()
@@ -255,7 +268,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     args = plan.abi.pack(values)
     offsets = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
     return PreparedAttention(built, kernel, args, _grid(call, plan, q.device), o, lse, q.device, offsets=offsets,
-                             tile_counter=counter)
+                             tile_counter=counter, sinks=sinks)
 
 
 @dataclass(frozen=True)
@@ -273,7 +286,7 @@ class ResolvedCall:
         return (s.heads, s.seq_q) if self.varlen else (s.batch, s.heads, s.seq_q)
 
 
-def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning, cu_seqlens_q=None,
+def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning, sinks=None, cu_seqlens_q=None,
                   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> ResolvedCall:
     """Every input check, then the kernel spec: raises InputError before anything is launched."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -288,6 +301,8 @@ def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, 
         scale = 1.0 / math.sqrt(shape.dim)
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
+    if sinks is not None:
+        _check_sinks(sinks, q, shape.heads)
     unknown = set(tuning) - set(TUNING_KNOBS)
     if unknown:
         raise InputError(f"unknown argument(s) {sorted(unknown)}; the tuning knobs are {TUNING_KNOBS}")
@@ -298,7 +313,7 @@ def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, 
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, pv_split=tuple(pv_split or ()),
                                   seq_len_k=shape.spec_seq_k, kv_heads=shape.kv_heads,
                                   window=tuple(window) if window else (-1, -1), softcap=float(softcap), varlen=varlen,
-                                  **tuning))
+                                  sinks=sinks is not None, **tuning))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     _check_device(q)
@@ -512,6 +527,26 @@ def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
                                  "which the tensor memory accelerator requires")
         if t.data_ptr() % 16:
             raise InputError(f"{name}'s data pointer is not 16-byte aligned")
+
+
+def _check_sinks(sinks, q, heads: int) -> None:
+    """The sinks' rules: a float32 (H,) tensor, one logit per query head, contiguous on q's device."""
+    import torch
+
+    if not isinstance(sinks, torch.Tensor):
+        raise InputError(f"sinks must be a torch.Tensor of float32 logits, one per query head, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise InputError(f"sinks must be float32 (one logit per query head), got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads,):
+        raise InputError(f"sinks must have shape ({heads},), one logit per query head, got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise InputError(f"sinks must be on q's device {q.device}, got {sinks.device}")
+    if heads > 1 and sinks.stride(0) != 1:
+        raise InputError(f"sinks must be contiguous (stride 1), got stride {sinks.stride(0)}; call .contiguous()")
+    if torch.is_grad_enabled() and sinks.requires_grad:
+        raise InputError(NO_BACKWARD)
+    if sinks.data_ptr() % 4:
+        raise InputError("sinks' data pointer is not 4-byte aligned")
 
 
 def _check_device(t) -> None:

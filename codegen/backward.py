@@ -167,7 +167,8 @@ def _function():
         @staticmethod
         def forward(ctx, q, k, v, options):
             o, lse = api._call(q, k, v, options["causal"], options["scale"], options["layout"], options["window"],
-                               options["softcap"], options["pv_split"], options["tuning"], return_lse=True)
+                               options["softcap"], options["pv_split"], options["tuning"], return_lse=True,
+                               sinks=options["sinks"])
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.options = options
             ctx.mark_non_differentiable(lse)
@@ -189,12 +190,18 @@ def attention_function():
     return _function()
 
 
-def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning):
+def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning):
     """attention() where q, k or v requires grad: every check of the backward spec first (an unsupported case is an
-    InputError before the forward runs), then the forward through AttentionFunction."""
+    InputError before the forward runs), then the forward through AttentionFunction.
+
+    Sinks need nothing of the backward kernels: the forward's logsumexp includes them, so P = exp(s - lse) is
+    already each key's share, and delta = rowsum(dO * O) is still sum_j P_ij dP_ij (a sink has no value). Their own
+    gradient is not computed: sinks that require grad are refused by the forward's checks."""
+    if sinks is not None and getattr(sinks, "requires_grad", False):
+        raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get theirs)")
     shape = _check_inputs(q.detach(), k.detach(), v.detach(), layout)
     arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
     backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch)
     options = dict(causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split,
-                   tuning=tuning)
+                   sinks=sinks, tuning=tuning)
     return attention_function().apply(q, k, v, options)

@@ -18,13 +18,15 @@ def torch_dtype(name: str):
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-              window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = 2**31):
+              window: tuple[int, int] | None = None, softcap: float = 0.0, sinks=None, max_score_bytes: int = 2**31):
     """Attention in float64 on the inputs' device: (o, lse) with o in q's layout, lse (B, H, S_q).
 
     k and v may have fewer heads than q (grouped-query: query head h reads K/V head h // (H / H_kv)) and
     another length. Causal and window=(left, right) are bottom-right aligned: query i's diagonal is key
-    i + S_k - S_q. A row that sees no key outputs 0 with logsumexp -inf (flashgen's convention).
-    Heads are processed in groups so the float64 score matrix stays under `max_score_bytes`.
+    i + S_k - S_q. `sinks` (H,): a logit per query head that joins each of its rows' softmax denominators (a
+    score with no value) and the logsumexp. A row that sees no key outputs 0 with logsumexp -inf (flashgen's
+    convention), or its head's sink with sinks. Heads are processed in groups so the float64 score matrix stays
+    under `max_score_bytes`.
     """
     import torch
 
@@ -35,7 +37,7 @@ def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layo
     group = heads // kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     keep = band_mask(sq, sk, causal=causal, window=window, device=q.device)
-    step = max(1, max_score_bytes // (sq * sk * 8))
+    step = max(1, max_score_bytes // (sq * max(sk, 1) * 8))
     o = torch.empty(batch, heads, sq, v.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.empty(batch, heads, sq, dtype=torch.float64, device=q.device)
     for b in range(batch):
@@ -47,11 +49,22 @@ def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layo
                 scores = softcap * torch.tanh(scores / softcap)
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
+            scores = _with_sinks(scores, sinks, hs)
             lse[b, hs] = torch.logsumexp(scores, dim=-1)
-            o[b, hs] = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v[b, kv].double()
+            o[b, hs] = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :sk] @ v[b, kv].double()
     if layout == "bshd":
         o = o.transpose(1, 2)
     return o, lse
+
+
+def _with_sinks(scores, sinks, heads=slice(None)):
+    """(..., H, S_q, S_k) scores with each head's sink appended as one more key column (no sinks: as they are)."""
+    import torch
+
+    if sinks is None:
+        return scores
+    sink = sinks[heads].to(device=scores.device, dtype=scores.dtype)[:, None, None]
+    return torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1)
 
 
 def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None, device):
@@ -73,10 +86,11 @@ def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None,
 
 
 def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: float = 0.0,
-                      scale: float | None = None, layout: str = "bshd"):
+                      scale: float | None = None, layout: str = "bshd", sinks=None):
     """A flash-style computation in the inputs' dtype, returned in q's layout: products accumulated in float32,
-    softmax in float32, P rounded to the inputs' dtype before PV, the output rounded too. The yardstick for
-    variants SDPA cannot run (softcap) or aligns differently (causal with S_q != S_k)."""
+    softmax in float32 (with `sinks` in its denominators), P rounded to the inputs' dtype before PV, the output
+    rounded too. The yardstick for variants SDPA cannot run (softcap, sinks) or aligns differently (causal with
+    S_q != S_k)."""
     import torch
 
     qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
@@ -89,7 +103,7 @@ def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: fl
     keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype).float()
+    p = torch.softmax(_with_sinks(scores, sinks), dim=-1).nan_to_num(0.0)[..., :kb.shape[2]].to(q.dtype).float()
     out = (p @ vb).to(q.dtype)
     return out.transpose(1, 2) if layout == "bshd" else out
 
@@ -137,15 +151,18 @@ def sequences(cu_seqlens_q, cu_seqlens_k) -> list[tuple[slice, slice]]:
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """`reference` for packed (total, H, D) tensors, each sequence on its own: o (total_q, H, D) float64 and
-    lse (H, total_q). Rows of a sequence without keys are 0 with logsumexp -inf."""
+    lse (H, total_q). Rows of a sequence without keys are 0 with logsumexp -inf (with sinks: their head's sink)."""
     import torch
 
     o = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    sinks = options.get("sinks")
     for rows, keys in sequences(cu_seqlens_q, cu_seqlens_k):
         if rows.stop > rows.start and keys.stop > keys.start:
             o_seq, lse_seq = reference(q[None, rows], k[None, keys], v[None, keys], **options)
             o[rows], lse[:, rows] = o_seq[0], lse_seq[0]
+        elif sinks is not None:
+            lse[:, rows] = sinks.to(device=q.device, dtype=torch.float64)[:, None]
     return o, lse
 
 

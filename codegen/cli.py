@@ -1,6 +1,6 @@
 """flashgen command line: the installed `flashgen` script, and `python gen.py` in a checkout (the same CLI).
 
-  flashgen --shape S,H,D [--dtype f16|bf16] [--causal] [--split 96,32] [--window -1,0] [--out DIR] [--run]
+  flashgen --shape S,H,D [--dtype f16|bf16] [--causal] [--split 96,32] [--window -1,0] [--sinks] [--out DIR] [--run]
            [--export DIR [--force]]
       emit <name>.cu and <name>.json (into --out, default $FLASHGEN_CACHE_DIR/kernels, i.e.
       ~/.cache/flashgen/kernels), compile with NVRTC, print registers, spills, shared memory and compile time;
@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import math
 import pathlib
 import re
 import shlex
@@ -152,6 +153,9 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
+    parser.add_argument("--sinks", action="store_true",
+                        help="learned attention sinks (gpt-oss): the kernel takes a float32 logit per query head "
+                             "that joins each row's softmax denominator and logsumexp")
 
 
 def window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -191,7 +195,7 @@ def _spec_from(args):
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
-                              varlen=args.varlen))
+                              varlen=args.varlen, sinks=args.sinks))
 
 
 def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
@@ -203,6 +207,9 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen)):
         if given:
             raise SpecError(f"{flag} does not apply to the decode kernel (--decode)")
+    if args.sinks:
+        raise SpecError("--sinks does not apply to the decode kernel (--decode): it always takes sinks, as a "
+                        "run-time pointer (null: none)")
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
                               block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size))
@@ -350,6 +357,8 @@ def run_main(spec, batch: int) -> int:
     q = torch.randn(batch, spec.seq_len, spec.heads, spec.head_dim, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, spec.keys, spec.kv_heads, spec.head_dim, device="cuda", dtype=dtype) for _ in range(2))
     options = dict(causal=spec.causal, window=spec.window, softcap=spec.softcap)
+    if spec.sinks:  # logits near a row's own logsumexp (about ln S_k here), so each sink takes a real share
+        options["sinks"] = torch.randn(spec.heads, device="cuda", dtype=torch.float32) + math.log(spec.keys)
     try:
         call = prepare(q, k, v, pv_split=spec.pv_split, block_n=spec.block_n, stages=spec.stages,
                        pingpong=spec.pingpong, **options)
@@ -397,6 +406,8 @@ def regenerate_command(spec) -> str:
         args += ["--softcap", repr(float(s.softcap))]
     if s.varlen:
         args.append("--varlen")
+    if s.sinks:
+        args.append("--sinks")
     try:
         reproduced = _spec_from(_generate_parser(_QuietParser).parse_args(join_signed_values(args)))
     except Exception:  # noqa: BLE001 - any failure means the command line cannot say it

@@ -123,6 +123,8 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
         "grid_x": plan.m_blocks,
         "persistent": plan.spec.persistent,
         "varlen": plan.spec.varlen,
+        "sinks": "sinks" in plan.abi.names,
+        "sinks_param": "const float* sinks, " if "sinks" in plan.abi.names else "",
         "block_m": plan.spec.block_m,
         "tolerance": _EXAMPLE_TOLERANCE[plan.spec.dtype],
     }

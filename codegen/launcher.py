@@ -111,6 +111,7 @@ class Launcher:
         self._map_holders = tuple(holder[f"tmap_{op}"] for op in ("q", "k", "v", "o"))
         self._loaded_maps = [None] * 4
         self._lse = holder["lse_out"]
+        self._sinks = holder.get("sinks")
         self._counter = holder.get("tile_counter")
         self._lock = threading.Lock()
         _load_driver_lib()
@@ -118,8 +119,9 @@ class Launcher:
     def _map(self, op: str, address: int) -> bytes:
         return self._maps[op].get(address)
 
-    def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int) -> None:
-        """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp)."""
+    def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int, sinks: int = 0) -> None:
+        """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp; sinks:
+        the (H,) logits of a kernel with sinks)."""
         maps = (self._map("q", q), self._map("k", k), self._map("v", v), self._map("o", o))
         counter = stream_counter(self.device, stream) if self.persistent else 0
         with self._lock:
@@ -128,6 +130,8 @@ class Launcher:
                     ctypes.memmove(ctypes.addressof(holder), encoded, driver.TENSOR_MAP_BYTES)
                     self._loaded_maps[slot] = encoded
             self._lse.value = lse
+            if self._sinks is not None:
+                self._sinks.value = sinks
             if self.persistent:
                 self._counter.value = counter
             launch_now(self.kernel, self.grid, self.block, stream, self._args)

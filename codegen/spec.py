@@ -66,6 +66,9 @@ class KernelSpec:
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
+    # Learned attention sinks (gpt-oss): the kernel takes a float (H,) array of logits, natural-log units, that join
+    # each row's softmax denominator (never attended: no value) and its logsumexp.
+    sinks: bool = False
     # Instrumented build: a few CTAs record the SM clock at each pipeline event (codegen/trace.py reads them).
     trace: bool = False
 
@@ -109,6 +112,7 @@ class KernelSpec:
                  f"tile_overlap must be True, False or None (the default for the shape), got {self.tile_overlap!r}")
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
+        _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
         # The tile loop's few extra live values spill at D=256, where O alone is 128 registers per thread.
@@ -146,6 +150,8 @@ class KernelSpec:
             extras += "_varlen"
         if self.softcap:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p").replace("-", "m").replace("+", "")
+        if self.sinks:
+            extras += "_sinks"
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")

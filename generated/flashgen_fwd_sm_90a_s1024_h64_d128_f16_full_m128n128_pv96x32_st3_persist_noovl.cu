@@ -222,6 +222,7 @@ constexpr bool kPrefetchQ = true;
 constexpr bool kQkOverwrites = true;
 constexpr bool kConditionalRescale = true;
 constexpr bool kTailMask = false;
+constexpr bool kSinks = false;
 constexpr bool kLongTilesLast = false;
 constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
@@ -272,6 +273,7 @@ struct Params {
   const TmaDesc* tmap_v;  // CUtensorMap of v (by value, __grid_constant__; layouts/ derives its dims, strides and box)
   const TmaDesc* tmap_o;  // CUtensorMap of o (by value, __grid_constant__; layouts/ derives its dims, strides and box)
   float* __restrict__ lse_out;  // float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row; null: not written
+  const float* __restrict__ sinks;  // float (H,): each query head's learned logit (natural log) joining its rows' softmax denominator and logsumexp
   const int* __restrict__ cu_seqlens_q;  // int (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])
   const int* __restrict__ cu_seqlens_k;  // int (B + 1): the same for keys and values
   unsigned char* __restrict__ o_gmem;  // o's base address, for tiles that end inside a sequence (stored without TMA)
@@ -459,6 +461,7 @@ static __device__ __forceinline__ float fast_tanh(float x) {
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+constexpr float kLog2e = 1.4426950408889634f;
 
 // x combined over the lanes that hold the same row (kRowLaneMasks) with op.
 template <class Op>
@@ -548,20 +551,30 @@ static __device__ __forceinline__ void pack_p(u32 (&p)[cfg::kBlockN / 4], const 
 }
 
 // A tile's rows are done: normalize O and pack it in o_out, and each row's logsumexp (natural log,
-// m * scale + ln(sum)) in lse_row. Plain arithmetic on O once its last PV has completed, so what the store
-// reads later is no wgmma's accumulator (ptxas serializes every wgmma in the kernel when a wgmma's
-// accumulator is read under another's flight on a path it cannot prove safe).
+// m * scale + ln(sum)) in lse_row. With cfg::kSinks the head's sink (sink2, in log2 units) joins each row's sum
+// as exp2(sink2 - m); O, the sum and the sink are taken relative to the larger of the two, so a large sink or a
+// row without keys (m = -inf, output 0, logsumexp the sink) overflows nothing. Plain arithmetic on O once its
+// last PV has completed, so what the store reads later is no wgmma's accumulator (ptxas serializes every wgmma
+// in the kernel when a wgmma's accumulator is read under another's flight on a path it cannot prove safe).
 static __device__ __forceinline__ void finish_rows(const float (&o)[cfg::kHeadDim / 2], RowStats& rows,
-                                                   float scale_log2, u32 (&o_out)[cfg::kHeadDim / 4],
+                                                   float scale_log2, float sink2, u32 (&o_out)[cfg::kHeadDim / 4],
                                                    float (&lse_row)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     rows.sum[h] = row_allreduce(rows.sum[h], [](float a, float b) { return a + b; });
-    const float inv_sum = rows.sum[h] > 0.f ? 1.f / rows.sum[h] : 0.f;
+    float inv_sum;
+    if constexpr (cfg::kSinks) {
+      const float m2 = rows.max[h] * scale_log2, top = fmaxf(m2, sink2) == -FLASHGEN_INF ? 0.f : fmaxf(m2, sink2);
+      const float keys_scale = fast_exp2(m2 - top), total = rows.sum[h] * keys_scale + fast_exp2(sink2 - top);
+      inv_sum = total > 0.f ? keys_scale / total : 0.f;
+      lse_row[h] = total > 0.f ? (top + __log2f(total)) * kLn2 : -FLASHGEN_INF;
+    } else {
+      inv_sum = rows.sum[h] > 0.f ? 1.f / rows.sum[h] : 0.f;
+      lse_row[h] = rows.sum[h] > 0.f ? (rows.max[h] * scale_log2 + __log2f(rows.sum[h])) * kLn2 : -FLASHGEN_INF;
+    }
 #pragma unroll
     for (int i = 0; i < cfg::kHeadDim / 2; i += 2)
       if (row_half(i) == h) o_out[i / 2] = pack2(o[i] * inv_sum, o[i + 1] * inv_sum);
-    lse_row[h] = rows.sum[h] > 0.f ? (rows.max[h] * scale_log2 + __log2f(rows.sum[h])) * kLn2 : -FLASHGEN_INF;
   }
 }
 
@@ -815,6 +828,8 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
     u32 p[cfg::kBlockN / 4];    // P of the previous key block, packed to f16 pairs: the A operand of PV
     float alpha[2];
     const Softcap cap(scale_log2);
+    // The head's sink in log2 units, loaded at the tile's start so it has landed when the rows finish.
+    const float sink2 = cfg::kSinks ? args.sinks[tile.head] * kLog2e : -FLASHGEN_INF;
     auto store_pending = [&]() {
       store_tile(args, smem_raw, bars, make_tile(args, out_m, out_head, out_batch), th, out_slot, (done - 1) & 1,
                  o_out, lse_row);
@@ -883,7 +898,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       wgmma_wait<0>();
       trace(kEvPvDone, n_kv);
       release_v(bars, lane, ring_slot(ring, n_kv - 1));
-      finish_rows(o, rows, scale_log2, o_out, lse_row);
+      finish_rows(o, rows, scale_log2, sink2, o_out, lse_row);
       trace(kEvFinished, n_kv);
       if constexpr (cfg::kTileOverlap) {
         // O is stored at the start of the next tile (or after the loop), under that tile's first QK. No wgmma is
@@ -892,9 +907,9 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
         out_m = tile.m_block, out_head = tile.head, out_batch = tile.batch, out_slot = ring_slot(ring, n_kv - 1);
       }
     } else if constexpr (!cfg::kTileOverlap) {  // (tile_overlap is only for fixed lengths: every tile has keys)
-      // No keys: the rows output 0 and logsumexp -inf.
+      // No keys: the rows output 0 and logsumexp -inf (with sinks: the sink).
       start_accumulators(o, rows);
-      finish_rows(o, rows, scale_log2, o_out, lse_row);
+      finish_rows(o, rows, scale_log2, sink2, o_out, lse_row);
     }
     if constexpr (!cfg::kTileOverlap) {
       const int o_slot = cfg::kPersistent && n_kv > 0 ? ring_slot(ring, n_kv - 1) : -1;

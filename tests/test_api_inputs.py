@@ -191,3 +191,61 @@ def test_varlen_kernels_are_shared_across_max_lengths():
     from codegen.api import _length_bucket
 
     assert [_length_bucket(n) for n in (1, 128, 129, 1000, 1024, 1025)] == [128, 128, 256, 1024, 1024, 2048]
+
+
+# --- attention sinks -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sinks, message", [
+    (lambda: [0.0, 0.0], "sinks must be a torch.Tensor of float32 logits"),
+    (lambda: torch.zeros(2, dtype=torch.float16), "sinks must be float32 .* got torch.float16"),
+    (lambda: torch.zeros(2, dtype=torch.float64), "sinks must be float32"),
+    (lambda: torch.zeros(3), "sinks must have shape \\(2,\\), one logit per query head, got \\(3,\\)"),
+    (lambda: torch.zeros(1, 2), "sinks must have shape \\(2,\\)"),
+    (lambda: torch.zeros(()), "sinks must have shape \\(2,\\)"),
+    (lambda: torch.zeros(2, device="meta"), "sinks must be on q's device cpu, got meta"),
+    (lambda: torch.zeros(4)[::2], "sinks must be contiguous \\(stride 1\\), got stride 2"),
+    (lambda: torch.zeros(2, requires_grad=True), "no backward pass"),
+    (lambda: torch.frombuffer(bytearray(16), dtype=torch.float32, offset=1, count=2), "4-byte aligned"),
+])
+@pytest.mark.filterwarnings("ignore::UserWarning")  # frombuffer of a writable bytearray
+def test_sinks_are_checked(sinks, message):
+    q, k, v = qkv()
+    with pytest.raises(InputError, match=message):
+        attention(q, k, v, sinks=sinks())
+
+
+def test_sinks_are_checked_on_the_varlen_path_too():
+    t, cu = varlen()
+    with pytest.raises(InputError, match="sinks must have shape \\(2,\\)"):
+        attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, sinks=torch.zeros(4))
+
+
+def test_sinks_of_grouped_query_heads_count_the_query_heads():
+    q = torch.randn(1, 128, 8, 128, dtype=torch.float16)
+    k = torch.randn(1, 128, 2, 128, dtype=torch.float16)
+    with pytest.raises(InputError, match="shape \\(8,\\)"):
+        attention(q, k, k, sinks=torch.zeros(2))
+
+
+def test_valid_sinks_reach_the_device_check():
+    # Accepted, and the spec resolved with the mode on; only the CPU device is refused, last.
+    q, k, v = qkv()
+    with torch.no_grad():  # learned sinks are parameters: under no_grad they are plain inputs
+        with pytest.raises(InputError, match="run on a CUDA device"):
+            attention(q, k, v, sinks=torch.zeros(2, requires_grad=True), causal=True)
+    t, cu = varlen()
+    with pytest.raises(InputError, match="run on a CUDA device"):
+        attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, sinks=torch.zeros(2))
+
+
+def test_a_resolved_call_with_sinks_has_the_mode_on(monkeypatch):
+    from codegen import api
+
+    monkeypatch.setattr(api, "_check_device", lambda t: None)  # resolve as if q were on an H100
+    _resolve_call = api._resolve_call
+    q, k, v = qkv()
+    options = dict(causal=False, scale=None, layout="bshd", window=None, softcap=0.0, pv_split=None, tuning={})
+    with_sinks = _resolve_call(q, k, v, sinks=torch.zeros(2), **options).spec
+    without = _resolve_call(q, k, v, **options).spec
+    assert with_sinks.sinks and not without.sinks and with_sinks.name != without.name

@@ -57,3 +57,95 @@ def test_accuracy_failure_bounds_the_whole_tensor_and_the_worst_row():
     off_all = (same_dtype.double() * 1.01).to(torch.bfloat16)
     assert accuracy_failure(off_all, ref, same_dtype).startswith("rel err")
     assert accuracy_failure(same_dtype, ref, ref.to(torch.bfloat16), floor=0.5) is None  # the floor holds
+
+
+def _sink_attention(q, k, v, sinks, keep=None):
+    """The definition, written out: o_i = sum_j exp(s_ij) v_j / (exp(sink_h) + sum_j exp(s_ij)), (B, S, H, D)."""
+    import math
+
+    import torch
+
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / math.sqrt(q.shape[-1])
+    w = torch.exp(s) if keep is None else torch.exp(s) * keep
+    den = w.sum(-1) + torch.exp(sinks.double())[None, :, None]
+    return torch.einsum("bhqk,bkhd->bqhd", w / den[..., None], v.double()), den.log()
+
+
+def test_reference_sinks_join_the_denominator_and_the_lse():
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 3, 16, dtype=torch.float64) for _ in range(3))
+    sinks = torch.tensor([0.0, 2.5, -1.0], dtype=torch.float64)
+    o, lse = reference(q, k, v, sinks=sinks)
+    want_o, want_lse = _sink_attention(q, k, v, sinks)
+    torch.testing.assert_close(o, want_o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+    # A sink takes weight from the keys: the output shrinks toward 0 by exactly the keys' share.
+    plain, plain_lse = reference(q, k, v)
+    share = torch.exp(plain_lse - lse)  # (B, H, S): the keys' part of the denominator
+    torch.testing.assert_close(o, plain * share.transpose(1, 2)[..., None], rtol=1e-12, atol=1e-12)
+    # A sink of -inf is no sink.
+    none_o, none_lse = reference(q, k, v, sinks=torch.full((3,), float("-inf"), dtype=torch.float64))
+    assert torch.equal(none_o, plain) and torch.equal(none_lse, plain_lse)
+
+
+def test_reference_sinks_with_masks_gqa_and_rows_without_keys():
+    torch = pytest.importorskip("torch")
+    from codegen.check import band_mask, reference
+
+    torch.manual_seed(1)
+    q = torch.randn(1, 30, 4, 16, dtype=torch.float64)
+    k, v = (torch.randn(1, 20, 2, 16, dtype=torch.float64) for _ in range(2))
+    sinks = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float32)  # float32, as the API takes them
+    o, lse = reference(q, k, v, causal=True, sinks=sinks)  # bottom-right: rows 0..9 see no key
+    keep = band_mask(30, 20, causal=True, window=None, device="cpu").double()
+    want_o, want_lse = _sink_attention(q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2), sinks, keep)
+    torch.testing.assert_close(o, want_o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+    assert (o[:, :10] == 0).all()
+    torch.testing.assert_close(lse[0, :, :10], sinks.double()[:, None].expand(4, 10))
+    # A local window that leaves rows no key (row i sees keys i - 12 .. i - 10): the same.
+    o, lse = reference(q, k, v, window=(2, 0), sinks=sinks)
+    keep = band_mask(30, 20, causal=False, window=(2, 0), device="cpu").double()
+    want_o, want_lse = _sink_attention(q, k.repeat_interleave(2, 2), v.repeat_interleave(2, 2), sinks, keep)
+    torch.testing.assert_close(o, want_o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+    assert (o[:, :10] == 0).all() and (o[:, 10:] != 0).all()
+    no_key = reference(q[:, :1], k[:, :0], v[:, :0], sinks=sinks)
+    assert (no_key[0] == 0).all() and torch.equal(no_key[1][0, :, 0], sinks.double())
+
+
+def test_same_dtype_output_with_sinks_is_the_yardstick():
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference, rel_err, same_dtype_output
+
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 200, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    sinks = torch.tensor([5.0, 0.0, -3.0, 8.0])
+    ref, _ = reference(q, k, v, causal=True, sinks=sinks)
+    same = same_dtype_output(q, k, v, causal=True, sinks=sinks)
+    assert same.dtype == torch.bfloat16 and rel_err(same, ref) < 1e-2
+    without = same_dtype_output(q, k, v, causal=True)
+    assert rel_err(without, ref) > 10 * rel_err(same, ref)  # the sinks matter at these values
+
+
+def test_reference_varlen_gives_sequences_without_keys_the_sink():
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference, reference_varlen, same_dtype_output_varlen
+
+    torch.manual_seed(3)
+    cu_q = torch.tensor([0, 5, 12, 12, 20], dtype=torch.int32)
+    cu_k = torch.tensor([0, 8, 8, 10, 17], dtype=torch.int32)  # sequence 1 has no keys, sequence 2 no queries
+    q = torch.randn(20, 2, 16, dtype=torch.float64)
+    k, v = (torch.randn(17, 2, 16, dtype=torch.float64) for _ in range(2))
+    sinks = torch.tensor([1.5, -0.5], dtype=torch.float32)
+    o, lse = reference_varlen(q, k, v, cu_q, cu_k, causal=True, sinks=sinks)
+    assert lse.shape == (2, 20) and (o[5:12] == 0).all()
+    torch.testing.assert_close(lse[:, 5:12], sinks.double()[:, None].expand(2, 7))
+    o0, lse0 = reference(q[None, :5], k[None, :8], v[None, :8], causal=True, sinks=sinks)
+    torch.testing.assert_close(o[:5], o0[0])
+    torch.testing.assert_close(lse[:, :5], lse0[0])
+    same = same_dtype_output_varlen(q.half(), k.half(), v.half(), cu_q, cu_k, causal=True, sinks=sinks)
+    assert (same[5:12] == 0).all() and (same[:5] - o[:5]).abs().max() < 1e-2

@@ -141,6 +141,11 @@ def test_varlen_launcher_passes_the_offsets_and_sizes_tiles_by_the_longest(tmp_p
     assert "varlen" in (tmp_path / "example.cu").read_text().splitlines()[0]
 
 
+# Bundles of kernels with attention sinks (the launcher takes the (H,) logits after lse): fixed lengths with every
+# coverage option, and a persistent varlen one.
+SINKS = [COVERAGE.replace(sinks=True), VARLEN[0].replace(sinks=True)]
+
+
 # Blackwell bundles (the fwd_sm100 ABI: O stored without a tensor map, V by the 5-D key-group map), for nvcc's
 # compute_100a and compute_103a targets.
 BLACKWELL = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_103a", causal=True, kv_heads=2)),
@@ -155,7 +160,7 @@ DECODE = [DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=4, dtype="bf16"),
                      softcap=20.0)]
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + BLACKWELL + DECODE,
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + SINKS + BLACKWELL + DECODE,
                          ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)

@@ -83,6 +83,9 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     unsupported = [name for name, on in (("one CTA per tile", spec.persistent is False), ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
+    if spec.sinks:
+        raise SpecError(f"attention sinks are not in the Blackwell forward kernel ({spec.arch}) yet: they run on sm_90a "
+                        "(H100, H200) only")
     keys = spec.keys
     if keys % 8:
         raise SpecError(f"S_k = {keys}: the 5-D V map walks keys in groups of 8; pad the keys to a multiple of 8")

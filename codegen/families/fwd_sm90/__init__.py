@@ -57,6 +57,7 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
         ("QkOverwrites", plan.qk_overwrites),  # QK's first k-slice writes S without reading it
         ("ConditionalRescale", plan.conditional_rescale),  # O rescaled only when a row max grew
         ("TailMask", plan.tail_mask),        # some key block reads keys past the end
+        ("Sinks", s.sinks),                  # a learned logit per head joins each row's denominator
         # Later query tiles see more keys only when a right bound (causal) moves with the query.
         ("LongTilesLast", plan.window_bounds[1] >= 0),
     ]
@@ -109,6 +110,7 @@ def context(plan: Plan) -> dict:
         "window_left": plan.window_bounds[0],
         "window_right": plan.window_bounds[1],
         "softcap_c": f"{float(s.softcap)!r}f",
+        "log2e": repr(fwd_abi.LOG2E),
         "heads": s.heads,
         "head_dim": s.head_dim,
         "block_m": s.block_m,

@@ -16,6 +16,9 @@ _MAPS = tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP,
 _LSE = Param("lse_out", "float* __restrict__", Pack.POINTER,
              "float (B, H, S) contiguous (varlen: (H, total_q)), the natural-log logsumexp of each row; null: "
              "not written", "lse")
+_SINKS = Param("sinks", "const float* __restrict__", Pack.POINTER,
+               "float (H,): each query head's learned logit (natural log) joining its rows' softmax denominator "
+               "and logsumexp", "sinks")
 _VARLEN = (
     Param("cu_seqlens_q", "const int* __restrict__", Pack.POINTER,
           "int (B + 1): sequence b's queries are packed rows [cu[b], cu[b + 1])", "cu_seqlens_q"),
@@ -42,15 +45,17 @@ CU_SEQLENS = _VARLEN[:2]
 TILES_M = _PERSISTENT[1]
 
 # Every parameter the family's kernels can take, in order; a spec's kernel takes the ones of its modes.
-ALL_PARAMS = _MAPS + (_LSE,) + _VARLEN + _PERSISTENT + (_SCALE,)
+ALL_PARAMS = _MAPS + (_LSE, _SINKS) + _VARLEN + _PERSISTENT + (_SCALE,)
 
 
 # Every mbarrier the family's kernels can have; a spec's kernel has those of its modes.
 BARRIER_NAMES = ("QFull", "KFull", "VFull", "KEmpty", "VEmpty", "QEmpty")
 
 
-def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int, heads: int) -> KernelABI:
-    params = _MAPS + (_LSE,) + (_VARLEN if varlen else ()) + (_PERSISTENT if persistent else ()) + (_SCALE,)
+def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int, heads: int,
+               sinks: bool = False) -> KernelABI:
+    params = (_MAPS + (_LSE,) + ((_SINKS,) if sinks else ()) + (_VARLEN if varlen else ())
+              + (_PERSISTENT if persistent else ()) + (_SCALE,))
     # K and V slots are released separately: K once QK has read it, V once PV has, so with two stages the
     # next K load starts a whole PV earlier than a shared K/V release would let it.
     barriers = [

@@ -123,7 +123,7 @@ class Plan:
     def abi(self) -> KernelABI:
         s = self.spec
         return kernel_abi(stages=s.stages, persistent=bool(s.persistent), varlen=s.varlen,
-                          consumer_warps=CONSUMER_WARPS, heads=s.heads)
+                          consumer_warps=CONSUMER_WARPS, heads=s.heads, sinks=s.sinks)
 
     @property
     def window_bounds(self) -> tuple[int, int]:
