@@ -143,12 +143,13 @@ class DecodeCase:
 def decode_cases() -> tuple[DecodeCase, ...]:
     """The issue's matrix, all bf16, H/H_kv 32/8 and D 128 unless said: S_q 1 at B 1, 8, 32, 128 x S_k 2k, 8k, 32k;
     S_q 4 and 8 at B 32 x 8k; H/H_kv 64/8, D 64 and D 256 at B 32 x 8k S_q 1; page sizes 16 and 128 at B 32 x 8k
-    (flashgen on a paged copy of the caches, its pages shuffled; the peers on the dense caches)."""
+    (flashgen on a paged copy of the caches, its pages shuffled; the peers on the dense caches), and 4 (a TMA load
+    per page and column block: 64 a block of K, from the producer warp's lanes), the cost of small pages."""
     cases = [DecodeCase(b, 1, s) for b in (1, 8, 32, 128) for s in (2048, 8192, 32768)]
     cases += [DecodeCase(32, sq, 8192) for sq in (4, 8)]
     cases += [DecodeCase(32, 1, 8192, heads=64)]
     cases += [DecodeCase(32, 1, 8192, dim=d) for d in (64, 256)]
-    cases += [DecodeCase(32, 1, 8192, page_size=p) for p in (16, 128)]
+    cases += [DecodeCase(32, 1, 8192, page_size=p) for p in (16, 128, 4)]
     return tuple(cases)
 
 

@@ -6,6 +6,9 @@
       ~/.cache/flashgen/kernels), compile with NVRTC, print registers, spills, shared memory and compile time;
       --run also runs it on the GPU against a float64 reference (needs torch with CUDA); --export DIR writes a
       bundle with a C launcher for builds without Python.
+  flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P] [--run [--batch B]] [--export DIR]
+      the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
+      S_MAX rows (paged, a shuffled page table, with --page-size) against float64, and times it (K+V GB/s).
   flashgen layout ...   derived shared-memory layouts, descriptors and tensor maps (flashgen layout -h)
   flashgen verify       check every layout derivation the generator uses
   flashgen probe        GPU: check the layout models against the GPU's real TMA loads and wgmma reads
@@ -149,7 +152,8 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
                              "a KV cache; S in --shape is then the cache's capacity, a run-time value")
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
-                        help="with --decode: a paged cache of P-row pages (8..256, a power of two; default: dense)")
+                        help="with --decode: a paged cache of P-row pages (1..256, a power of two, 2 or more at D=96; "
+                             "default: dense)")
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
@@ -224,7 +228,8 @@ def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParse
     parser.add_argument("--no-cache", action="store_true", help="compile even if the cubin is cached")
     parser.add_argument("--run", action="store_true",
                         help="run on the GPU against a float64 reference (needs torch with CUDA)")
-    parser.add_argument("--batch", type=int, default=1, help="batch size for --run")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="batch size for --run (with --decode: sequences of ragged lengths over S-row caches)")
     parser.add_argument("--export", metavar="DIR",
                         help="also write a self-contained bundle (kernel, C launcher, example, CMakeLists.txt, "
                              "PTX, cubin) for builds without Python, into a new or empty folder (or one holding "
@@ -296,11 +301,10 @@ def generate_main(argv: list[str]) -> int:
         if export is not None:
             check_destination(export, spec.name, force=args.force)
         decode = bool(args.decode)
-        if decode and args.run:
-            raise CliError("--run is not available for the decode kernel yet; run it with "
-                           "codegen.attention_with_kvcache or `gen.py bench --matrix decode`")
         if args.run:
-            if spec.varlen:
+            if decode:
+                capacity = _decode_run_capacity(args)
+            elif spec.varlen:
                 raise CliError("--run times fixed-length batches; run a varlen batch with `gen.py bench --varlen "
                                "...` or codegen.attention(..., cu_seqlens_q=..., cu_seqlens_k=...)")
             _require_torch_gpu("--run")
@@ -332,8 +336,18 @@ def generate_main(argv: list[str]) -> int:
         print(f"  bundle     {export}/ ({len(bundle)} files); build the example with:")
         print("             " + shlex.join(nvcc_command(written)))
     if args.run:
-        return run_main(spec, args.batch)
+        return run_decode_main(spec, args.batch, capacity) if decode else run_main(spec, args.batch)
     return 0
+
+
+def _decode_run_capacity(args) -> int:
+    """S_MAX of --shape, the caches' rows for `--decode ... --run` (a run-time value of the kernel)."""
+    capacity = int(args.shape.split(",")[0])
+    if capacity < 1:
+        raise CliError(f"--run needs caches of at least one row: S_MAX in --shape is {capacity}")
+    if args.batch < 1:
+        raise CliError(f"--batch must be at least 1, got {args.batch}")
+    return capacity
 
 
 def _one_line(e: BaseException) -> str:
@@ -381,6 +395,28 @@ def run_main(spec, batch: int) -> int:
     if failure:
         print(f"  {failure}")
     return 0 if ok else 1
+
+
+def run_decode_main(spec, batch: int, capacity: int) -> int:
+    """`--decode S_Q --run`: the decode kernel through attention_with_kvcache on random ragged caches (paged with
+    --page-size), against float64 (codegen/decode_run.py)."""
+    from .api import InputError
+    from .decode_run import run_decode
+    from .driver import DriverError
+
+    try:
+        torch = _require_torch_gpu("--run")
+    except CliError as e:
+        return _error(str(e))
+    try:
+        code, lines = run_decode(torch, spec, batch, capacity)
+    except InputError as e:
+        return _error(_one_line(e))
+    except (DriverError, torch.cuda.OutOfMemoryError) as e:
+        return _error(_one_line(e), 1)
+    for line in lines:
+        print(line)
+    return code
 
 
 def regenerate_command(spec) -> str:

@@ -20,6 +20,14 @@ index. The MMA side reads through the same pattern, anchored at the same boundar
 "Matrix Descriptor Format" and tcgen05 "Shared Memory Descriptor", table "Starting address of the
 repeating pattern": 128-Byte swizzle -> 1024-Byte boundary, 64 -> 512, 32 -> 256). Only the 16-byte
 atomicity sub-mode is modelled: flashgen uses no other.
+
+A tensor copy may start off the pattern boundary (PTX ISA, "Swizzling Modes", the table after "The value
+of swizzle base offset is 0 when the dstMem shared memory address is located at the following boundary"):
+its pattern then starts at line ``base offset = (dstMem / 128) % 8`` (128-byte mode; ``% 4`` for 64, ``% 2``
+for 32). ``swizzle_base_offset`` is that formula as the ISA writes it; swizzling the absolute address, as
+``hw_swizzle`` does, is the same thing (tests/test_layouts_hw_swizzle.py checks the two agree), which is what
+lets a TMA load of 1, 2 or 4 rows land in the middle of a swizzled tile (layouts.paged). The MMA descriptors'
+own base offset is another field, which the read model refuses (mma.py).
 """
 
 from __future__ import annotations
@@ -57,6 +65,15 @@ def hw_swizzle(span: int, address):
     line = in_pattern // LINE_BYTES           # which row of the ISA's table
     cell = in_pattern % span // CELL_BYTES    # which 16-byte cell of its span
     return address + ((cell ^ line) - cell) * CELL_BYTES
+
+
+def swizzle_base_offset(span: int, dst_address: int) -> int:
+    """The pattern line a tensor copy to ``dst_address`` starts on: 0 on the pattern boundary, else the ISA's
+    ``(dstMem / 128) % lines`` (lines: 8, 4, 2 for the 128, 64, 32-byte modes); 0 without a swizzle."""
+    period = pattern_bytes(span)
+    if not period or dst_address % period == 0:
+        return 0
+    return (dst_address // LINE_BYTES) % (period // LINE_BYTES)
 
 
 def check_pattern_start(span: int, address: int, what: str) -> None:

@@ -5,11 +5,21 @@ page table says which page holds keys [p * page_rows, (p + 1) * page_rows) of a 
 `block_rows` keys is then one TMA load where a page holds the whole block (page_rows >= block_rows: the
 tile's own box, from row key0 % page_rows of its page), and otherwise one load per (page, swizzle-atom
 column block): the tile's box spans the column blocks as a tensor-map dimension, so a box of fewer rows would
-pack the column blocks `page_rows` rows apart instead of `block_rows`. Each such load writes a page_rows x
-atom_cols sub-box at the tile's own byte offset of its first element; the hardware swizzle is a function of
-the shared address, so the sub-boxes land exactly where the tile's layout puts them when every one starts on
-the swizzle pattern's boundary (page_rows a multiple of 8 for the 128-byte swizzle). `verify` proves it with
-the TMA model on a small cache whose page table is a permutation.
+pack the column blocks `page_rows` rows apart instead of `block_rows`.
+
+Each such load writes a page_rows x atom_cols sub-box: its rows are one run of the tile's bytes, and the copy
+packs the box densely from its destination, then swizzles the absolute shared address. So the destination
+is the run's lowest byte (the row start of its first row, not the byte of its first element, which the
+swizzle moves), and the sub-box lands where the tile's layout puts it whether it starts on the swizzle
+pattern's boundary (pages of 8 rows or more under the 128-byte swizzle) or inside the pattern (pages of 1, 2
+or 4 rows: the copy's "swizzle base offset", PTX ISA "Swizzling Modes"; layouts.hw_swizzle). What the
+hardware does not allow is a destination off 128 bytes: 1-row pages of the 64-byte swizzle's 64-byte rows
+(D = 96) would need it, and are refused. `verify` proves every load with the TMA model on a small cache whose
+page table is a permutation.
+
+The loads are affine in (page of the block i, column block c): load (i, c) writes from tile byte
+i * page_stride + c * col_stride, the form the kernel computes (templates/decode_sm90/kernel.cu.j2); `verify`
+checks the load list is that form too.
 """
 
 from __future__ import annotations
@@ -20,25 +30,29 @@ import numpy as np
 
 from .errors import LayoutError
 from .operands import OperandDerivation
-from .tma import TensorMapParams, place_box
+from .tma import SMEM_ALIGN, TensorMapParams, place_box
 from .verify import Mismatch, compare_maps
 
-MIN_PAGE_ROWS, MAX_PAGE_ROWS = 8, 256  # the swizzle atom's 8 rows; a TMA box dimension's 256
+MIN_PAGE_ROWS, MAX_PAGE_ROWS = 1, 256  # a row; a TMA box dimension's 256
 
 
 @dataclass(frozen=True)
 class SubLoad:
     row: int          # the tile's first row this load writes (a multiple of page_rows, or 0)
     col_block: int    # the atom column block (0 where one load writes them all)
-    smem_offset: int  # byte offset in the tile of its first element
+    smem_offset: int  # the tile's byte the load's box starts at: the lowest byte of its rows of the block
 
 
 @dataclass(frozen=True)
 class PagedTile:
     tile: OperandDerivation
     page_rows: int
-    loads: tuple[SubLoad, ...]
+    loads: tuple[SubLoad, ...]  # page by page, the column blocks of each in order
     box: tuple
+    pages: int        # pages one tile spans (1 where a page holds the block)
+    cols: int         # loads per page: the atom column blocks, or 1 (the whole tile's box)
+    page_stride: int  # tile bytes from one page's loads to the next page's
+    col_stride: int   # tile bytes from one column block's load to the next
 
     @property
     def whole_block(self) -> bool:
@@ -58,8 +72,23 @@ class PagedTile:
         return TensorMapParams(params.rank, params.dims, params.strides_bytes, self.box, params.elem_strides,
                                params.swizzle_bytes, params.elem_bytes, params.dtype, params.global_address)
 
+    def affine_load(self, page: int, col_block: int) -> SubLoad:
+        """Load (page `page` of the tile, column block `col_block`) as the kernel computes it."""
+        return SubLoad(page * min(self.page_rows, self.tile.block_rows), col_block,
+                       page * self.page_stride + col_block * self.col_stride)
+
     def verify(self) -> list[Mismatch]:
-        """Every element of a tile gathered from permuted pages lands where the tile's layout says."""
+        """Where the loads are not the affine (page, column block) form the kernel computes, and where an element
+        of a tile gathered from permuted pages lands elsewhere than the tile's layout says (the TMA model)."""
+        affine = [self.affine_load(i, c) for i in range(self.pages) for c in range(self.cols)]
+        found = [Mismatch({"page": n // self.cols, "col_block": n % self.cols}, want.smem_offset, got.smem_offset,
+                          None, "paged loads' affine form")
+                 for n, (want, got) in enumerate(zip(affine, self.loads)) if want != got]
+        if len(affine) != len(self.loads):
+            found.append(Mismatch({}, len(affine), len(self.loads), None, "paged loads' count"))
+        return found + self._verify_tma()
+
+    def _verify_tma(self) -> list[Mismatch]:
         t, p = self.tile, self.page_rows
         heads, head = 3, 2
         pages_per_tile = max(1, t.block_rows // p)
@@ -99,22 +128,42 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
     if tile.operand not in ("k", "v") or tile.tensor_map.kind != "row_tiles":
         raise LayoutError(f"{tile.operand}: paged loads are for K and V row tiles")
     if page_rows & (page_rows - 1) or not MIN_PAGE_ROWS <= page_rows <= MAX_PAGE_ROWS:
-        raise LayoutError(f"page size {page_rows}: a power of two in {MIN_PAGE_ROWS}..{MAX_PAGE_ROWS} (pages of "
-                          "fewer rows than the swizzle atom's 8 would start off its pattern)")
+        raise LayoutError(f"page size {page_rows}: a power of two in {MIN_PAGE_ROWS}..{MAX_PAGE_ROWS} (a TMA box "
+                          f"holds at most {MAX_PAGE_ROWS} rows)")
     recipe = tile.tensor_map
     if page_rows >= tile.block_rows:
         if page_rows % tile.block_rows:
             raise LayoutError(f"page size {page_rows} is not a multiple of the {tile.block_rows}-key block")
-        loads, box = (SubLoad(0, 0, 0),), recipe.box
+        loads, box, pages, cols = (SubLoad(0, 0, 0),), recipe.box, 1, 1
     else:
         if tile.block_rows % page_rows:
             raise LayoutError(f"the {tile.block_rows}-key block is not a whole number of {page_rows}-row pages")
-        row_name, col_name = tile.coords_names
-        loads = tuple(SubLoad(r, c, int(tile.layout.apply_flat({row_name: r, col_name: c * recipe.atom_cols})))
-                      for r in range(0, tile.block_rows, page_rows) for c in range(recipe.col_blocks))
+        pages, cols = tile.block_rows // page_rows, recipe.col_blocks
+        loads = tuple(SubLoad(r, c, _lowest_byte(tile, r, page_rows, c)) for r in range(0, tile.block_rows, page_rows)
+                      for c in range(cols))
         box = (recipe.atom_cols, page_rows, 1, 1, 1)
-    paged = PagedTile(tile, page_rows, loads, box)
+        for load in loads:
+            if load.smem_offset % SMEM_ALIGN:
+                row_bytes = recipe.atom_cols * tile.elem_bytes
+                raise LayoutError(
+                    f"{tile.operand} from {page_rows}-row pages: the load of tile rows {load.row}.. would start at "
+                    f"tile byte {load.smem_offset}, and a TMA destination must be {SMEM_ALIGN}-byte aligned (rows "
+                    f"of {row_bytes} bytes under the {recipe.swizzle.name} swizzle need pages of "
+                    f"{max(1, SMEM_ALIGN // row_bytes)} rows or more; a gathered load for them is not written)")
+    page_stride = loads[cols].smem_offset if pages > 1 else 0
+    col_stride = loads[1].smem_offset if cols > 1 else 0
+    paged = PagedTile(tile, page_rows, loads, box, pages, cols, page_stride, col_stride)
     found = paged.verify()
     if found:
         raise LayoutError(f"{tile.operand} from {page_rows}-row pages: {len(found)} mismatches, first {found[0]}")
     return paged
+
+
+def _lowest_byte(tile: OperandDerivation, row: int, rows: int, col_block: int) -> int:
+    """The tile's lowest byte among rows [row, row + rows) of atom column block `col_block`: where a TMA box of
+    them starts (the copy packs from there and swizzles; the byte of its first element is swizzled away from
+    it on every row but a pattern's first)."""
+    row_name, col_name = tile.coords_names
+    atom = tile.tensor_map.atom_cols
+    r, c = np.meshgrid(np.arange(row, row + rows), np.arange(col_block * atom, (col_block + 1) * atom), indexing="ij")
+    return int(np.min(tile.layout.apply_flat({row_name: r.ravel(), col_name: c.ravel()})))

@@ -17,8 +17,13 @@ tensorRank 1..5; globalAddress 16-byte aligned; globalDim non-zero and <= 2^32; 
 multiple of 16 and < 2^40; boxDim non-zero and <= 256; with interleave NONE, boxDim[0] * element size a
 multiple of 16 bytes; with a swizzle, that inner box extent <= the swizzle span; elementStrides
 non-zero and <= 8. Shared memory: the destination of a tensor copy must be 128-byte aligned (CUDA C++
-Programming Guide, TMA alignment), and a swizzled destination must sit on its pattern boundary (1024 B
-for 128-byte swizzle, PTX ISA "Matrix Descriptor Format"), which is how flashgen places them.
+Programming Guide, TMA alignment: "Shared memory address: must be 128 byte aligned"). A swizzled destination
+need not sit on its pattern boundary (1024 B for the 128-byte swizzle): PTX ISA "Swizzling Modes" gives the
+copy a swizzle base offset, (dstMem / 128) % 8 for the 128-byte mode, the pattern line its first 128 bytes
+take, so the pattern stays anchored to the absolute shared address; the model swizzles the absolute address
+(``hw_swizzle.swizzle_base_offset`` is the ISA's formula, and the tests hold the two to each other). Whole
+tiles sit on their boundary anyway, because the MMA descriptors read them from there (mma.py); a paged
+cache's loads of 1-4 rows land inside a tile (layouts.paged).
 The driver's illustration "globalStrides[i] = globalStrides[i-1] * (globalDim[i] + padding)" is not a
 requirement: strides may go in any order, which the seed's 5-D V map depends on (dim 2 has a smaller
 stride than dim 1).
@@ -32,7 +37,7 @@ import numpy as np
 
 from .dtypes import DTYPES
 from .errors import LayoutError
-from .hw_swizzle import check_pattern_start, hw_swizzle
+from .hw_swizzle import hw_swizzle
 from .swizzle import Swizzle  # only for the ``swizzle`` property other code reads; the model never calls it
 
 # CUtensorMapDataType values (driver API enum) and sizes for the types flashgen stages.
@@ -159,13 +164,14 @@ class BoxPlacement:
 
 
 def place_box(params: TensorMapParams, origin, smem_address: int = 0) -> BoxPlacement:
-    """Model one tiled TMA load of the box whose first element is at tensor coordinates ``origin``."""
+    """Model one tiled TMA load of the box whose first element is at tensor coordinates ``origin``, into the
+    shared address ``smem_address`` (128-byte aligned; off the swizzle pattern's boundary it starts at the ISA's
+    swizzle base offset, which swizzling the absolute address gives)."""
     origin = tuple(int(o) for o in origin)
     if len(origin) != params.rank:
         raise LayoutError(f"box origin has {len(origin)} coordinates; the rank is {params.rank}")
     if smem_address % SMEM_ALIGN:
         raise LayoutError(f"shared destination {smem_address} is not 128-byte aligned, as tensor copies require")
-    check_pattern_start(params.swizzle_bytes, smem_address, "TMA destination")
     counts = params.box_counts
     n = len(counts)
     idx = np.indices(tuple(reversed(counts)), dtype=np.int64).reshape(n, -1)

@@ -29,7 +29,7 @@ B32 = DecodeCase(32, 1, 8192)
 
 def test_matrix_is_the_issues_cases():
     cases = decode_cases()
-    assert len(cases) == 19 and len(set(cases)) == 19
+    assert len(cases) == 20 and len(set(cases)) == 20
     assert all(c.dtype == "bf16" for c in cases)
     grid = [c for c in cases if (c.q_len, c.heads, c.kv_heads, c.dim, c.page_size) == (1, 32, 8, 128, 0)]
     assert {(c.batch, c.cache_len) for c in grid} == {(b, s) for b in (1, 8, 32, 128) for s in (2048, 8192, 32768)}
@@ -38,7 +38,7 @@ def test_matrix_is_the_issues_cases():
     assert DecodeCase(32, 1, 8192, heads=64, kv_heads=8) in cases
     assert DecodeCase(32, 1, 8192, dim=64) in cases and DecodeCase(32, 1, 8192, dim=256) in cases
     paged = [c for c in cases if c.page_size]
-    assert [(c.batch, c.cache_len, c.page_size) for c in paged] == [(32, 8192, 16), (32, 8192, 128)]
+    assert [(c.batch, c.cache_len, c.page_size) for c in paged] == [(32, 8192, 16), (32, 8192, 128), (32, 8192, 4)]
 
 
 def test_every_case_fits_the_h200():

@@ -9,6 +9,7 @@ import pytest
 from codegen.build import build
 from codegen.families.decode_sm90 import DecodeSpec, Plan, resolve
 from codegen.spec import SpecError
+from layouts import LayoutError
 
 
 def plan_of(**kw) -> Plan:
@@ -35,7 +36,8 @@ def test_an_odd_ring_with_key_groups_is_refused():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(kv_heads=5), "multiple of kv_heads"), (dict(head_dim=80), "head_dim"),
-                                        (dict(page_size=4), "pages of"), (dict(q_len=0), "q_len"),
+                                        (dict(page_size=3), "pages of"), (dict(page_size=512), "pages of"),
+                                        (dict(q_len=0), "q_len"),
                                         (dict(arch="sm_100a"), "sm_90a")])
 def test_bad_specs_say_why(bad, match):
     with pytest.raises(SpecError, match=match):
@@ -67,8 +69,102 @@ def test_paged_tiles_are_gathered_by_verified_loads():
     # A load placed one page off is caught by the TMA model.
     wrong = dataclasses.replace(small, loads=(SubLoad(0, 0, 2048),) + small.loads[1:])
     assert wrong.verify()
+    assert found_by_tma(wrong)
     p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16)
     assert p.k_pages.loads == small.loads and p.v_pages is not None
+    assert (small.pages, small.cols, small.page_stride, small.col_stride) == (8, 2, 2048, 16384)
+
+
+def found_by_tma(paged) -> list:
+    """The mismatches of the TMA model's check alone (verify also checks the loads' affine form)."""
+    return [m for m in paged.verify() if m.check.startswith("paged TMA")]
+
+
+def k_tile(head_dim=128, rows=128):
+    import layouts
+
+    return layouts.derive_operand("k", arch="sm_90a", head_dim=head_dim, block_rows=rows, dtype="bf16")
+
+
+@pytest.mark.parametrize("page, loads, stride", [(1, 256, 128), (2, 128, 256), (4, 64, 512)])
+def test_small_pages_are_tma_loads_at_their_rows_start(page, loads, stride):
+    """Pages of 1-4 rows start inside the 128-byte swizzle's 8-line pattern: each load's destination is the row
+    start of its first row (the copy packs densely and swizzles the absolute address: the ISA's swizzle base
+    offset), not the byte where the tile keeps its first element, which the swizzle moves off it."""
+    from layouts.paged import SubLoad, paged_tile
+
+    k = k_tile()
+    paged = paged_tile(k, page)
+    assert len(paged.loads) == loads and paged.box == (64, page, 1, 1, 1) and paged.load_bytes == 128 * page
+    assert (paged.pages, paged.cols, paged.page_stride, paged.col_stride) == (128 // page, 2, stride, 16384)
+    assert paged.loads[:3] == (SubLoad(0, 0, 0), SubLoad(0, 1, 16384), SubLoad(page, 0, stride))
+    first = int(k.layout.apply_flat({"n": page, "k": 0}))
+    assert first == page * 128 + page % 8 * 16 != paged.loads[2].smem_offset  # swizzled off its row start
+    for off_by in (stride, -stride):  # a load one page off is caught by the TMA model, not only by the form
+        moved = paged.loads[:2] + (SubLoad(page, 0, stride + off_by),) + paged.loads[3:]
+        assert found_by_tma(dataclasses.replace(paged, loads=moved))
+    with pytest.raises(LayoutError, match="128-byte aligned"):  # the first element's byte: no TMA destination
+        dataclasses.replace(paged, loads=paged.loads[:2] + (SubLoad(page, 0, first),) + paged.loads[3:]).verify()
+
+
+def test_small_pages_depend_on_the_swizzle_following_the_absolute_address(monkeypatch):
+    """A TMA model that started every copy's swizzle pattern afresh at its destination (no base offset) would
+    misplace pages of fewer than 8 rows and agree on whole patterns: the check exercises the ISA's rule."""
+    from layouts import paged as paged_module
+    from layouts.tma import place_box
+
+    def pattern_at_destination(params, origin, smem_address=0):
+        return place_box(params, origin, 0)
+
+    k = k_tile()
+    small, whole = paged_module.paged_tile(k, 2), paged_module.paged_tile(k, 8)
+    monkeypatch.setattr(paged_module, "place_box", pattern_at_destination)
+    assert found_by_tma(small) and not whole.verify()
+
+
+def test_one_row_pages_of_64_byte_rows_are_refused_with_the_reason():
+    from layouts.paged import paged_tile
+
+    with pytest.raises(LayoutError, match="tile byte 64, and a TMA destination must be 128-byte aligned"):
+        paged_tile(k_tile(head_dim=96), 1)
+    assert paged_tile(k_tile(head_dim=96), 2).page_stride == 128  # two 64-byte rows: one 128-byte line
+    with pytest.raises(SpecError, match="pages of 2 rows or more"):
+        resolve(DecodeSpec(heads=16, kv_heads=4, head_dim=96, page_size=1))
+
+
+@pytest.mark.parametrize("kw, lanes, pages", [
+    (dict(head_dim=128, page_size=1), 32, 128), (dict(head_dim=128, page_size=2), 32, 64),
+    (dict(head_dim=128, page_size=4), 32, 32), (dict(head_dim=128, page_size=8), 1, 16),
+    (dict(head_dim=128, page_size=16), 1, 8), (dict(head_dim=128), 1, None),
+    (dict(head_dim=256, page_size=4), 1, 16),  # 64-key blocks
+    (dict(head_dim=128, page_size=1, block_n=176), 32, 176)])
+def test_blocks_of_many_pages_are_issued_by_the_producer_warp(kw, lanes, pages):
+    p = plan_of(heads=32, kv_heads=8, **kw)
+    assert p.page_lanes == lanes and (p.k_pages.pages if p.k_pages else None) == pages
+
+
+SMALL_PAGES = [dict(heads=32, kv_heads=8, head_dim=128, page_size=1), dict(heads=32, kv_heads=8, head_dim=128, page_size=2),
+               dict(heads=32, kv_heads=8, head_dim=128, page_size=4, window=(100, -1), softcap=30.0),
+               dict(heads=8, kv_heads=8, head_dim=64, page_size=1, dtype="f16"),
+               dict(heads=16, kv_heads=4, head_dim=96, page_size=2, q_len=2),
+               dict(heads=8, kv_heads=1, head_dim=256, page_size=4, q_len=3),
+               dict(heads=12, kv_heads=4, head_dim=192, page_size=1, q_len=2),
+               dict(heads=64, kv_heads=8, head_dim=128, page_size=1, q_len=16),
+               dict(heads=32, kv_heads=8, head_dim=128, page_size=1, block_n=176)]
+
+
+@pytest.mark.parametrize("kw", SMALL_PAGES, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_small_page_kernels_compile_without_spills(kw):
+    built = build(DecodeSpec(**kw), family="decode_sm90")
+    name = built.rendered.kernel_name
+    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+    plan, source = built.plan, built.rendered.source
+    assert f"kPageLanes = {plan.page_lanes};" in source and f"kPageRows = {kw['page_size']};" in source
+    pages = plan.k_pages
+    assert (f"constexpr int kPages = {pages.pages}, kCols = {pages.cols};\n"
+            f"  constexpr u32 kPageStride = {pages.page_stride}, kColStride = {pages.col_stride};") in source
+    manifest = built.manifest()
+    assert manifest["spec"]["page_size"] == kw["page_size"]
 
 
 def test_splits_fill_one_wave_where_tiles_are_few():

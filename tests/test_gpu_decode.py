@@ -149,7 +149,7 @@ def from_pages(paged, table):
     return paged[table.flatten().long()].reshape(batch, per * paged.shape[1], *paged.shape[2:])
 
 
-@pytest.mark.parametrize("page", [8, 16, 64, 128, 256])
+@pytest.mark.parametrize("page", [1, 2, 4, 8, 16, 64, 128, 256])
 @pytest.mark.parametrize("sq, num_splits", [(1, 0), (4, 3)])
 def test_paged_caches_match_float64(page, sq, num_splits):
     lengths = [0, 1, page, 1024 - 1, 1024, page + 1]
@@ -167,7 +167,7 @@ def test_paged_caches_match_float64(page, sq, num_splits):
     assert failure is None, failure
 
 
-@pytest.mark.parametrize("page", [16, 128])
+@pytest.mark.parametrize("page", [1, 4, 16, 128])
 def test_paged_append_writes_its_pages_only(page):
     lengths = [0, page - 1, 1024 - 5]
     k, v = make_cache(3, 1024, 8, 128, lengths, torch.bfloat16, seed=8)
@@ -185,6 +185,7 @@ def test_paged_append_writes_its_pages_only(page):
     assert torch.equal(from_pages(pv, table).view(torch.int16), v.view(torch.int16))
     spare = [p for p in range(pk.shape[0]) if p not in set(table.flatten().tolist())]
     assert torch.equal(pk[spare].view(torch.int16), before_k[spare].view(torch.int16))
+    assert torch.equal(pv[spare].view(torch.int16), before_v[spare].view(torch.int16))
     attended = [n + 5 for n in lengths]
     ref, _ = check.kvcache_reference(q, k, v, attended)
     yardstick, _ = check.kvcache_reference(q, k, v, attended, same_dtype=True)
@@ -201,3 +202,82 @@ def test_a_page_table_naming_no_page_is_refused_with_check():
     with pytest.raises(InputError, match="page 99"):
         attention_with_kvcache(q, pk, pv, torch.tensor([200], dtype=torch.int32, device="cuda"), page_table=table,
                                check=True)
+
+
+# Pages of 1, 2 and 4 rows: a TMA load per page and column block, inside the swizzle pattern (layouts/paged.py),
+# issued by the producer warp's lanes where a block spans more than 16 pages. The capacity, 1000, is not a multiple
+# of the key block, so the last block's pages run past the page table's row (read as the sequence's last page).
+SMALL_PAGES = [
+    # page, S_q, H, H_kv, D, dtype, block_n
+    (1, 1, 32, 8, 128, torch.bfloat16, 0),
+    (2, 4, 32, 8, 128, torch.bfloat16, 0),
+    (4, 1, 32, 8, 128, torch.bfloat16, 0),
+    (1, 1, 8, 8, 64, torch.float16, 0),      # one column block
+    (2, 2, 16, 4, 96, torch.bfloat16, 0),    # the 64-byte swizzle: two 64-byte rows a load
+    (4, 3, 8, 1, 256, torch.bfloat16, 0),    # 64-key blocks of 16 pages: one producer thread
+    (2, 2, 12, 4, 192, torch.bfloat16, 0),   # three column blocks
+    (1, 16, 64, 8, 128, torch.bfloat16, 0),  # 128 packed rows: two row groups
+    (1, 1, 32, 8, 128, torch.bfloat16, 176),  # 176 pages a block: the warp's last lanes idle on the 6th round
+]
+
+
+def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, **options):
+    """attention_with_kvcache over shuffled paged copies of the dense (NaN past each length) caches k, v."""
+    from codegen.decode_run import paged_caches
+
+    (pk, pv), table = paged_caches(torch, (k, v), page, generator=torch.Generator().manual_seed(seed))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, block_n=block_n,
+                                    out=out, return_lse=True, check=True, **options)
+    ref, ref_lse = check.kvcache_reference(q, k, v, lengths, **options)
+    yardstick, _ = check.kvcache_reference(q, k, v, lengths, same_dtype=True, **options)
+    assert not torch.isnan(o).any(), check.worst_element(o.double(), ref)
+    failure = check.accuracy_failure(o, ref, yardstick, floor=TINY)
+    assert failure is None, failure
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen), "lse is finite exactly where a row sees a key or a sink"
+    assert (lse.double()[seen] - ref_lse[seen]).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("page, sq, heads, kv_heads, dim, dtype, block_n", SMALL_PAGES)
+@pytest.mark.parametrize("num_splits", [1, 0, 5])
+def test_small_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, block_n, num_splits):
+    lengths = [1000, 0, 1, page, page + 1, 999, 129, 511]  # full, empty, page edges, block edges
+    k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=page)
+    q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
+    run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, block_n=block_n, seed=page)
+
+
+@pytest.mark.parametrize("page", [1, 2, 4])
+@pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1), softcap=30.0)])
+def test_small_pages_with_masks_softcap_and_sinks(page, options):
+    lengths = [1, 300, 640, 1000]
+    k, v = make_cache(4, 1000, 4, 128, lengths, torch.bfloat16, seed=9)
+    q = torch.randn(4, 8, 16, 128, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(16, device="cuda", dtype=torch.float32)
+    for splits in (1, 5):
+        run_paged_and_check(q, k, v, lengths, page, num_splits=splits, sinks=sinks, **options)
+
+
+def test_one_row_pages_at_d96_are_refused_before_any_launch():
+    k, v = make_cache(1, 64, 4, 96, [64], torch.bfloat16)
+    pk, table = to_pages(k, 1)
+    pv, _ = to_pages(v, 1)
+    q = torch.randn(1, 1, 16, 96, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="128-byte aligned"):
+        attention_with_kvcache(q, pk, pv, torch.tensor([64], dtype=torch.int32, device="cuda"), page_table=table)
+
+
+@pytest.mark.parametrize("extra", [[], ["--page-size", "4"], ["--page-size", "1", "--causal"],
+                                   ["--page-size", "2", "--window", "100,-1", "--softcap", "20"],
+                                   ["--page-size", "16", "--decode", "5", "--dtype", "f16"]])
+def test_cli_run_checks_and_times_the_decode_kernel(extra, tmp_path, capsys):
+    import gen
+
+    args = ["--shape", "1000,32,128", "--kv-heads", "8", "--decode", "2", "--dtype", "bf16", "--batch", "6",
+            "--out", str(tmp_path), "--run"]
+    assert gen.main(args + extra) == 0, capsys.readouterr()
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  run ")]
+    assert "B=6" in line and "1000-row caches" in line and " GB/s K+V" in line and line.endswith(": PASS"), line
+    assert ("shuffled" in line) == ("--page-size" in extra)

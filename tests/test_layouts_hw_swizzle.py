@@ -9,7 +9,7 @@ import pytest
 
 import layouts
 from layouts import LayoutError
-from layouts.hw_swizzle import check_pattern_start, hw_swizzle, pattern_bytes
+from layouts.hw_swizzle import check_pattern_start, hw_swizzle, pattern_bytes, swizzle_base_offset
 from layouts.swizzle import Swizzle
 
 LAYOUTS = Path(layouts.__file__).parent
@@ -45,6 +45,22 @@ def test_reproduces_the_ptx_tables_on_every_pattern(span, base):
             for byte in (0, 5, 15):
                 address = base + line * 128 + position * 16 + byte
                 assert hw_swizzle(span, address) == base + line * 128 + cell * 16 + byte
+
+
+# PTX ISA, "Swizzling Modes": the swizzle base offset of a tensor copy to dstMem off its pattern boundary.
+ISA_BASE_OFFSET = {128: lambda dst: (dst // 128) % 8, 64: lambda dst: (dst // 128) % 4, 32: lambda dst: (dst // 128) % 2}
+
+
+@pytest.mark.parametrize("span", sorted(PTX_TABLES))
+def test_the_base_offset_is_the_absolute_address_swizzle(span):
+    """Every 128-byte aligned destination in two patterns: the ISA's base offset formula, and the line of the
+    ISA's table its first 128 bytes take under hw_swizzle of the absolute address, are the same."""
+    for dst in range(0, 2 * pattern_bytes(span), 128):
+        base = swizzle_base_offset(span, dst)
+        assert base == ISA_BASE_OFFSET[span](dst) and (base == 0) == (dst % pattern_bytes(span) == 0)
+        for position, cell in enumerate(PTX_TABLES[span][base]):
+            assert hw_swizzle(span, dst + position * 16) == dst + cell * 16
+    assert swizzle_base_offset(0, 384) == 0
 
 
 @pytest.mark.parametrize("span", [0, 32, 64, 128])

@@ -80,9 +80,27 @@ def test_element_strides_shrink_the_box():
 def test_shared_destination_alignment():
     with pytest.raises(LayoutError, match="128-byte aligned"):
         place_box(params(), (0, 0), smem_address=64)
-    with pytest.raises(LayoutError, match="not aligned to 1024"):
-        place_box(params(), (0, 0), smem_address=128)
+    with pytest.raises(LayoutError, match="128-byte aligned"):
+        place_box(params(swizzle_bytes=0), (0, 0), smem_address=16)
     place_box(params(swizzle_bytes=0), (0, 0), smem_address=128)
+
+
+# PTX ISA "Swizzling Modes", the 128-byte mode's table: line r holds the 16-byte cells c ^ r (typed in).
+ISA_128B_LINES = [[0, 1, 2, 3, 4, 5, 6, 7], [1, 0, 3, 2, 5, 4, 7, 6], [2, 3, 0, 1, 6, 7, 4, 5], [3, 2, 1, 0, 7, 6, 5, 4],
+                  [4, 5, 6, 7, 0, 1, 2, 3], [5, 4, 7, 6, 1, 0, 3, 2], [6, 7, 4, 5, 2, 3, 0, 1], [7, 6, 5, 4, 3, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("line", range(8))
+def test_a_destination_inside_the_pattern_starts_at_the_isas_base_offset(line):
+    """A copy to dstMem off the 1024-byte boundary takes pattern line (dstMem / 128) % 8 first, then the lines
+    after it (PTX ISA, "Swizzling Modes", "swizzle base offset"): three rows from 1024 * 5 + 128 * line."""
+    dst = 5 * 1024 + 128 * line
+    placed = place_box(params(box=(64, 3)), (0, 0), smem_address=dst)
+    for row in range(3):
+        pattern_line = ISA_128B_LINES[(line + row) % 8]
+        for cell in range(8):
+            at = placed.smem_for_global([row * 128 + cell * 16])[0]
+            assert at == row * 128 + pattern_line[cell] * 16, (row, cell)
 
 
 def test_driver_args_use_enum_values():

@@ -5,7 +5,6 @@ writes the step's new keys and values into the cache (templates/decode_sm90/, pl
 from __future__ import annotations
 
 from layouts import fragments
-from layouts.paged import SubLoad
 
 from codegen.abi import MBARRIER_BYTES
 
@@ -60,8 +59,9 @@ def context(plan: Plan) -> dict:
                   "coords": plan.origin_c(getattr(plan, name), TMA_COORD_PARAMS)} for name in ("k", "v")]
     (tma_rank,) = {t["rank"] for t in tma_tiles}
     # A dense cache's kernel has the paged loaders too (one whole-tile load), uncalled: its branch is if constexpr.
-    paged_tiles = [{"name": name, "loads": pages.loads if pages else (SubLoad(0, 0, 0),),
-                    "box": pages.box if pages else getattr(plan, name).tensor_map.box}
+    paged_tiles = [{"name": name, "box": pages.box if pages else getattr(plan, name).tensor_map.box,
+                    "pages": pages.pages if pages else 1, "cols": pages.cols if pages else 1,
+                    "page_stride": pages.page_stride if pages else 0, "col_stride": pages.col_stride if pages else 0}
                    for name, pages in (("k", plan.k_pages), ("v", plan.v_pages))]
     left, right = plan.window_bounds
     return {
@@ -103,6 +103,7 @@ def context(plan: Plan) -> dict:
         "tma_tiles": tma_tiles,
         "paged_tiles": paged_tiles,
         "page_rows": s.page_size,
+        "page_lanes": plan.page_lanes,
         "abi": plan.abi,
         "append_abi": plan.append_abi,
         "family_barriers": decode_abi.BARRIER_NAMES,

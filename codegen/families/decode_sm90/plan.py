@@ -38,8 +38,15 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
-# 0: a dense cache; else rows per page of a paged cache: whole swizzle atoms (layouts.paged), at most a TMA box.
-PAGE_SIZES = (0, 8, 16, 32, 64, 128, 256)
+# 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
+# most a TMA box). Pages of 1 row are refused at D=96, whose 64-byte rows would put every second page's TMA
+# destination off the 128 bytes tensor copies need.
+PAGE_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Pages a key block may span with one producer thread reading their page-table entries (the 16-row pages measured
+# in bench/results span 8 of a 128-key block; 8-row pages 16); a block spanning more (pages of 1-4 rows) has the
+# producer warp's 32 lanes read 32 entries at once and issue their pages' loads.
+MAX_PAGES_PER_THREAD = 16
+WARP_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,7 @@ class DecodeSpec:
              f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
         need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
         need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: pages of {', '.join(map(str, PAGE_SIZES[1:]))} "
-             "rows are read by TMA (smaller pages would start off the 128-byte swizzle's 8-row pattern; a gathered "
-             "load for them is not written yet), 0 is a dense cache")
+             "rows (a power of two up to a TMA box's 256), or 0 for a dense cache")
         need(self.block_n == 0 or (self.block_n % MMA_K == 0 and 64 <= self.block_n <= 256),
              f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
@@ -149,7 +155,9 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
             raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
                             "use a smaller block_n")
         spec = spec.replace(stages=max(fitting))
-    Plan(spec).smem  # raises the shared-memory error for an explicit stage count
+    plan = Plan(spec)
+    plan.smem  # raises the shared-memory error for an explicit stage count
+    plan.k_pages, plan.v_pages  # raises where the pages cannot be loaded into the tiles (1-row pages at D=96)
     return spec
 
 
@@ -206,6 +214,13 @@ class Plan:
     @cached_property
     def v_pages(self) -> PagedTile | None:
         return _paged(self.v, self.spec.page_size) if self.spec.page_size else None
+
+    @property
+    def page_lanes(self) -> int:
+        """Producer threads that issue a paged block's loads, a page each in turn: one where a block spans at most
+        MAX_PAGES_PER_THREAD pages (and for a dense cache), else the producer's warp."""
+        pages = self.k_pages.pages if self.k_pages else 1
+        return 1 if pages <= MAX_PAGES_PER_THREAD else WARP_THREADS
 
     @cached_property
     def abi(self) -> KernelABI:

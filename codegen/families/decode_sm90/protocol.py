@@ -11,7 +11,9 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
   arrives on KFull[s] when it lands; then the same for V. The completions are asynchronous events
   (`engine="tma"`): issued in order, landing in any order (codegen/protocol.py). A paged cache's block is
   several loads on one barrier whose expect_tx counts all their bytes, so its phase completes when the last
-  lands: one completion here too.
+  lands: one completion here too. Where a block spans many pages (plan.page_lanes) the producer is a warp whose
+  lanes each wait for the slot and issue some of its pages' loads after lane 0's expect_tx: still one arming
+  and one completion of the barrier per block, as modelled.
 * Key group g takes blocks j = g, g + key_groups, ...: it waits for KFull[s]'s phase j // stages, runs QK, and
   (its wgmma waited) each warp releases KEmpty[s]; then VFull[s], PV, VEmpty[s]. Every row group reads every
   block it is given, so a slot's release counts 4 x row_groups arrivals. With `tail`, the last block holds the
