@@ -24,6 +24,10 @@ def bench_main(argv: list[str]) -> int:
         from .decode import decode_main
 
         return decode_main(config)
+    if config.mode == "backward":
+        from .backward import backward_main
+
+        return backward_main(config)
     try:
         result = run_gpu(config)
     except (ImportError, RuntimeError) as e:

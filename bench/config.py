@@ -38,6 +38,10 @@ USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compil
   gen.py bench --matrix decode [--iters N] [--out bench/results]
       codegen.attention_with_kvcache (decode over a KV cache) against SDPA's cuDNN, flash and efficient backends
       on full caches, no mask (bench/decode.py; files *-decode.json and .md).
+  gen.py bench --matrix backward [--peers flashgen,cudnn,flash] [--iters N] [--out bench/results]
+      the backward pass: codegen.backward.attention_backward on a saved o and lse (ms), o.backward(do) through
+      autograd (call ms) and forward + backward, against SDPA's cuDNN and flash backends (bench/backward.py; files
+      *-backward.json and .md).
   gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
@@ -65,11 +69,18 @@ VARLEN_ONLY_PEERS = ("cudnn_varlen", "flash_varlen")
 # `--matrix decode`: codegen.decode.attention_with_kvcache against SDPA's backends (bench/decode.py holds its cases).
 DECODE_MATRIX = "decode"
 DECODE_IMPLS = ("flashgen", "cudnn", "flash", "efficient")
+# `--matrix backward`: the backward pass against SDPA's cuDNN and flash backends (bench/backward.py holds its cases).
+BACKWARD_MATRIX = "backward"
+BACKWARD_IMPLS = ("flashgen", "cudnn", "flash")
+# The matrices with cases, implementations and rows of their own: what their cases are, and their implementations.
+OWN_MATRICES = {DECODE_MATRIX: ("bf16, full caches, no mask", DECODE_IMPLS),
+                BACKWARD_MATRIX: ("bf16 and one f16, backward and forward + backward", BACKWARD_IMPLS)}
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    mode: str  # "table", "matrix", "compile" or "decode" (cases: (), bench.decode.decode_cases())
+    mode: str  # "table", "matrix", "compile", "decode" or "backward" (cases: (); bench.decode.decode_cases(),
+    # bench.backward.backward_cases())
     cases: tuple[Case, ...]
     peers: tuple[str, ...]
     splits: tuple[tuple[int, ...], ...]  # () : every candidate split valid for the shape
@@ -85,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gen.py bench", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
-    matrices = sorted([*MATRICES, DECODE_MATRIX])
+    matrices = sorted([*MATRICES, *OWN_MATRICES])
     mode.add_argument("--matrix", nargs="?", const="default", choices=matrices, metavar="NAME",
                       help=f"run a built-in shape matrix ({', '.join(matrices)}; default: default; decode: "
-                           "attention_with_kvcache against SDPA, bench/decode.py)")
+                           "attention_with_kvcache against SDPA, bench/decode.py; backward: the backward pass "
+                           "against SDPA's, bench/backward.py)")
     mode.add_argument("--compile", action="store_true", help="report cold and warm build times (no GPU)")
     parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]",
                         help="batch, sequence, heads, head dim, and after ':' the K/V heads for grouped-query "
@@ -125,8 +137,8 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     args = build_parser().parse_args(list(argv))
     if args.iters < 1 or args.warmup < 0:
         raise BenchUsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
-    if args.matrix == DECODE_MATRIX:
-        return _decode_config(args, argv)
+    if args.matrix in OWN_MATRICES:
+        return _own_matrix_config(args, argv)
     args.dtype = args.dtype or "f16"
     shapes = [parse_shape(s) for s in args.shape]
     if args.matrix and (shapes or args.varlen):
@@ -147,20 +159,33 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
                        command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
 
 
-def _decode_config(args, argv: Sequence[str]) -> BenchConfig:
-    """`--matrix decode`: its own cases, dtype and implementations; only --iters, --warmup, --seed, --out and
-    --no-save apply."""
+def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
+    """`--matrix decode` and `--matrix backward`: their own cases, dtypes and implementations; only --iters,
+    --warmup, --seed, --out and --no-save apply, and for backward --peers, some of its implementations (cudnn, the
+    yardstick, is always added)."""
+    matrix = args.matrix
+    what, impls = OWN_MATRICES[matrix]
+    takes_peers = matrix == BACKWARD_MATRIX
     given = [flag for flag, value in (("--shape", args.shape), ("--varlen", args.varlen), ("--heads", args.heads),
                                       ("--head-dim", args.head_dim), ("--kv-heads", args.kv_heads),
                                       ("--dtype", args.dtype), ("--causal", args.causal), ("--split", args.split),
-                                      ("--peers", args.peers), ("--all-peers", args.all_peers))
+                                      ("--peers", None if takes_peers else args.peers),
+                                      ("--all-peers", args.all_peers))
              if value not in (None, False, [])]
     if given:
-        raise BenchUsageError(f"--matrix {DECODE_MATRIX} runs its own cases (bf16, full caches, no mask) with "
-                              f"{', '.join(DECODE_IMPLS)}; drop {', '.join(given)}")
-    return BenchConfig(mode=DECODE_MATRIX, cases=(), peers=DECODE_IMPLS, splits=(), iters=args.iters,
-                       warmup=args.warmup, seed=args.seed, out=None if args.no_save else args.out,
-                       command=" ".join(["gen.py", "bench", *argv]), matrix=DECODE_MATRIX)
+        raise BenchUsageError(f"--matrix {matrix} runs its own cases ({what}) with {', '.join(impls)}; "
+                              f"drop {', '.join(given)}")
+    peers = impls
+    if args.peers:
+        names = [n.strip() for n in args.peers.split(",") if n.strip()]
+        unknown = [n for n in names if n not in impls]
+        if unknown:
+            raise BenchUsageError(f"unknown implementation(s) {unknown} in --peers for --matrix {matrix}; choose "
+                                  f"from {', '.join(impls)}")
+        peers = tuple(n for n in impls if n in {*names, "cudnn"})
+    return BenchConfig(mode=matrix, cases=(), peers=peers, splits=(), iters=args.iters, warmup=args.warmup,
+                       seed=args.seed, out=None if args.no_save else args.out,
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=matrix)
 
 
 def _varlen_cases(args) -> tuple[Case, ...]:

@@ -17,9 +17,7 @@ Nothing here imports torch until run_decode runs.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import gc
-import json
 import math
 import statistics
 import sys
@@ -30,8 +28,7 @@ from typing import Iterable, Sequence
 
 from .cases import BenchUsageError, Case
 from .config import DECODE_IMPLS, DECODE_MATRIX, BenchConfig
-from .report import (RUN_KEYS, _finite, _short, geomean, gpu_meta, host_meta, render_markdown, render_text, slug,
-                     utc_stamp)
+from .report import _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
 
 GPU_MEMORY_BYTES = 139 * 2**30  # the H200's memory, for the matrix's plan (each case is checked again at run time)
 MEMORY_HEADROOM_BYTES = 4 * 2**30  # left free beyond a case's estimate: SDPA and cuDNN workspaces, the allocator
@@ -344,26 +341,12 @@ def decode_markdown(meta: dict, rows: Sequence[DecodeRow]) -> str:
 
 
 def decode_json(meta: dict, rows: Sequence[DecodeRow]) -> list[dict]:
-    run = {key: meta.get(key) for key in RUN_KEYS}
-    return [{**r.to_json(), **run} for r in rows]
+    return with_run_keys(meta, (r.to_json() for r in rows))
 
 
 def save_decode(meta: dict, rows: Sequence[DecodeRow], out_dir: Path) -> list[Path]:
-    """<gpu-slug>-<UTC stamp>-decode.json and .md; on an H200 also h200-latest-decode.*, as report.save_results
-    names the forward matrix's files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = meta.get("date_utc_stamp") or utc_stamp(_dt.datetime.now(_dt.timezone.utc))
-    stem = f"{slug(str(meta.get('gpu', 'unknown')))}-{stamp}-{DECODE_MATRIX}"
-    texts = (json.dumps(decode_json(meta, rows), indent=2, allow_nan=False) + "\n", decode_markdown(meta, rows))
-    paths = []
-    for suffix, text in zip((".json", ".md"), texts):
-        paths.append(out_dir / f"{stem}{suffix}")
-        paths[-1].write_text(text)
-    if "h200" in str(meta.get("gpu", "")).lower():
-        for suffix, text in zip((".json", ".md"), texts):
-            paths.append(out_dir / f"h200-latest-{DECODE_MATRIX}{suffix}")
-            paths[-1].write_text(text)
-    return paths
+    """<gpu-slug>-<UTC stamp>-decode.json and .md; on an H200 also h200-latest-decode.* (report.save_matrix_files)."""
+    return save_matrix_files(meta, DECODE_MATRIX, decode_json(meta, rows), decode_markdown(meta, rows), out_dir)
 
 
 # ---------------------------------------------------------------------------------------------- GPU side
@@ -617,19 +600,14 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
 
 def run_decode(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)):
     """(meta, finalized rows) of the decode matrix."""
-    import torch
+    from .gpu_run import cuda_torch, run_meta
 
-    from .gpu_run import ROUNDS
-
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"gen.py bench needs a CUDA GPU; torch {torch.__version__} sees none")
-    now = _dt.datetime.now(_dt.timezone.utc)
-    meta = {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": DECODE_MATRIX,
-            "call_timing": "call_ms: attention_with_kvcache(...) without out= (cuDNN: its SDPA call) by events "
-                           "between consecutive calls, no GPU sleep ahead; ms: with out=, behind a GPU sleep",
-            "rel_err_check": f"the first {CHECK_SEQS} sequences of the first input set, vs float64 "
-                             "codegen.check.kvcache_reference"}
+    torch = cuda_torch()
+    meta = run_meta(torch, config, DECODE_MATRIX,
+                    call_timing="call_ms: attention_with_kvcache(...) without out= (cuDNN: its SDPA call) by events "
+                                "between consecutive calls, no GPU sleep ahead; ms: with out=, behind a GPU sleep",
+                    rel_err_check=f"the first {CHECK_SEQS} sequences of the first input set, vs float64 "
+                                  "codegen.check.kvcache_reference")
     torch.manual_seed(config.seed)
     progress(f"copy bandwidth: {COPY_BYTES / 2**30:.0f} GiB device-to-device copy, median of {COPY_ITERS}")
     copy, copy_ms = measure_copy(torch)

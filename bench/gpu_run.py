@@ -282,16 +282,27 @@ def _call_progress(row: Row) -> str:
     return f"; call: {_short(row.call_error, 60)}" if row.call_error else ""
 
 
-def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:
+def cuda_torch():
+    """torch, imported here (nothing in bench imports it before a GPU mode runs); RuntimeError without a CUDA GPU."""
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError(f"gen.py bench needs a CUDA GPU; torch {torch.__version__} sees none")
+    return torch
+
+
+def run_meta(torch, config: BenchConfig, matrix: str | None, **extra) -> dict:
+    """What a GPU run records: the GPU and host facts, the command, the timing settings, and `extra`."""
     now = _dt.datetime.now(_dt.timezone.utc)
-    meta = {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": config.matrix,
-            "call_timing": "call_ms: codegen.attention(...) (cuDNN: its SDPA call) by events between consecutive "
-                           "calls, no GPU sleep ahead (host time shows when the GPU waits for it); same rounds"}
+    return {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
+            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": matrix, **extra}
+
+
+def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:
+    torch = cuda_torch()
+    meta = run_meta(torch, config, config.matrix,
+                    call_timing="call_ms: codegen.attention(...) (cuDNN: its SDPA call) by events between consecutive "
+                                "calls, no GPU sleep ahead (host time shows when the GPU waits for it); same rounds")
     torch.manual_seed(config.seed)
     rows: list[Row] = []
     fault = None

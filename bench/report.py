@@ -292,8 +292,13 @@ class BenchResult:
 
     def to_json(self) -> list[dict]:
         """A list of rows (the issue's format); each row carries the run's GPU, driver, versions and date."""
-        run = {key: self.meta.get(key) for key in RUN_KEYS}
-        return [{**r.to_json(), **run} for r in self.rows]
+        return with_run_keys(self.meta, [r.to_json() for r in self.rows])
+
+
+def with_run_keys(meta: dict, rows: Iterable[dict]) -> list[dict]:
+    """JSON rows, each followed by the run's facts (RUN_KEYS), so that every row stands alone."""
+    run = {key: meta.get(key) for key in RUN_KEYS}
+    return [{**row, **run} for row in rows]
 
 
 def slug(text: str) -> str:
@@ -352,6 +357,23 @@ def save_results(result: BenchResult, out_dir: Path) -> list[Path]:
             latest = out_dir / f"h200-latest{tail}{suffix}"
             shutil.copyfile(src, latest)
             paths.append(latest)
+    return paths
+
+
+def save_matrix_files(meta: dict, matrix: str, rows: list[dict], markdown: str, out_dir: Path) -> list[Path]:
+    """The files of a matrix with its own rows (decode, backward): <gpu-slug>-<UTC stamp>-<matrix>.json (rows) and
+    .md, and on an H200 also h200-latest-<matrix>.json and .md (the forward matrix's h200-latest.* are left alone)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = meta.get("date_utc_stamp") or utc_stamp(_dt.datetime.now(_dt.timezone.utc))
+    stems = [f"{slug(str(meta.get('gpu', 'unknown')))}-{stamp}-{matrix}"]
+    if "h200" in str(meta.get("gpu", "")).lower():
+        stems.append(f"h200-latest-{matrix}")
+    texts = (json.dumps(rows, indent=2, allow_nan=False) + "\n", markdown)
+    paths = []
+    for stem in stems:
+        for suffix, text in zip((".json", ".md"), texts):
+            paths.append(out_dir / f"{stem}{suffix}")
+            paths[-1].write_text(text)
     return paths
 
 

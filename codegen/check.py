@@ -177,6 +177,110 @@ def same_dtype_output_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     return out
 
 
+def reference_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
+                       window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = 2**31):
+    """The gradients of `reference`'s o given do (q's shape), in float64: (dq, dk, dv) in the inputs' layout, dk
+    and dv with k's heads (a K/V head sums over the query heads that read it).
+
+    Written out rather than taken from autograd, so a test can hold the two against each other: P is reference's
+    softmax, dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)) (times 1 - tanh^2 under softcap),
+    dQ = scale dS K, dK = scale dS^T Q. A row that sees no key has P = 0, hence dq = 0; a key no query sees gets
+    dk = dv = 0. Heads are processed in groups so each float64 score matrix stays under `max_score_bytes` (about
+    four of them are alive at once).
+    """
+    import torch
+
+    if layout == "bshd":
+        q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    keep = band_mask(sq, sk, causal=causal, window=window, device=q.device)
+    step = max(1, max_score_bytes // max(1, sq * sk * 8))
+    f64 = dict(dtype=torch.float64, device=q.device)
+    dq = torch.zeros(batch, heads, sq, dim, **f64)
+    dk = torch.zeros(batch, kv_heads, sk, dim, **f64)
+    dv = torch.zeros(batch, kv_heads, sk, v.shape[-1], **f64)
+    for b in range(batch):
+        for h0 in range(0, heads, step):
+            hs = slice(h0, min(h0 + step, heads))
+            kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+            qb, kb, vb, dob = q[b, hs].double(), k[b, kv].double(), v[b, kv].double(), do[b, hs].double()
+            scores = (qb @ kb.transpose(-1, -2)) * scale
+            capped = None
+            if softcap:
+                capped = torch.tanh(scores / softcap)
+                scores = softcap * capped
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            del scores
+            ds = dob @ vb.transpose(-1, -2)                          # dP, turned into dS in place
+            ds.sub_((p * ds).sum(-1, keepdim=True)).mul_(p)
+            if capped is not None:
+                ds.mul_(capped.square_().neg_().add_(1.0))           # d(softcap tanh(x / softcap)) = 1 - tanh^2
+            dq[b, hs] = (ds @ kb) * scale
+            dk[b].index_add_(0, kv, (ds.transpose(-1, -2) @ qb) * scale)
+            dv[b].index_add_(0, kv, p.transpose(-1, -2) @ dob)
+    if layout == "bshd":
+        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    return dq, dk, dv
+
+
+def reference_backward_varlen(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **options):
+    """`reference_backward` for packed (total, H, D) tensors, each sequence on its own: float64 dq (total_q, H, D),
+    dk and dv (total_k, H_kv, D); rows of a sequence without keys or queries are 0."""
+    import torch
+
+    dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    for rows, keys in sequences(cu_seqlens_q, cu_seqlens_k):
+        if rows.stop > rows.start and keys.stop > keys.start:
+            grads = reference_backward(q[None, rows], k[None, keys], v[None, keys], do[None, rows], **options)
+            dq[rows], dk[keys], dv[keys] = (g[0] for g in grads)
+    return dq, dk, dv
+
+
+def same_dtype_backward(q, k, v, do, *, causal: bool = False, window=None, softcap: float = 0.0,
+                        scale: float | None = None, layout: str = "bshd"):
+    """(dq, dk, dv) in the inputs' dtype and layout by PyTorch's autograd through attention computed in that dtype
+    (scores, softmax, P and o each rounded to it, K/V heads repeated for grouped-query): FlashAttention's
+    same-dtype reference (its attention_ref with upcast=False), the yardstick its tests hold a backward kernel's
+    error to, 2x over."""
+    import torch
+
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t) for t in leaves)  # (B, H, S, D)
+        group = qb.shape[1] // kb.shape[1]
+        kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (qb @ kb.transpose(-1, -2)) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=q.device)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        o = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ vb
+        if layout == "bshd":
+            o = o.transpose(1, 2)
+        return torch.autograd.grad(o, leaves, do)
+
+
+def same_dtype_backward_varlen(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **options):
+    """`same_dtype_backward` for a packed batch, sequence by sequence."""
+    import torch
+
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for rows, keys in sequences(cu_seqlens_q, cu_seqlens_k):
+        if rows.stop > rows.start and keys.stop > keys.start:
+            grads = same_dtype_backward(q[None, rows], k[None, keys], v[None, keys], do[None, rows], **options)
+            dq[rows], dk[keys], dv[keys] = (g[0] for g in grads)
+    return dq, dk, dv
+
+
 def worst_element(x, ref) -> str:
     """Where x is furthest from ref, for failure messages: index, value, reference, and whether that value
     occurs elsewhere in ref (a stale or misplaced element rather than a numeric error)."""
@@ -218,15 +322,48 @@ def row_rel_err(x, ref) -> float:
 
 
 def accuracy_failure(x, ref, yardstick, *, factor: float = 2.0, floor: float = 1e-6,
-                     name: str = "the same-dtype PyTorch") -> str | None:
+                     name: str = "the same-dtype PyTorch", row_measure=None) -> str | None:
     """Why x fails against the float64 ref, or None. `yardstick` is a same-dtype computation of the same
     attention; x's error may be at most `factor` times its error (or `floor`), over the whole tensor and in
-    the worst row alike."""
-    for measure, what in ((rel_err, "rel err"), (row_rel_err, "worst row's rel err")):
+    the worst row alike (row_rel_err, or `row_measure`: a (function, label) pair)."""
+    for measure, what in ((rel_err, "rel err"), row_measure or (row_rel_err, "worst row's rel err")):
         err, allowed = measure(x, ref), measure(yardstick, ref)
         if not err <= max(factor * allowed, floor):
             return f"{what} {err:.3e} > {factor:g} x {name}'s {allowed:.3e}; {worst_element(x, ref)}"
     return None
+
+
+def row_err_vs_rms(x, ref) -> float:
+    """The worst row's ||x_r - ref_r|| over the RMS row norm of ref (||ref|| / sqrt(rows)), a row being the last dim.
+    One wrong row stands out as in row_rel_err, but a row far smaller than the others is not held to its own tiny
+    norm: a gradient row that is nearly 0 (a softmax almost one-hot, the difference of two nearly equal sums) is
+    missed by more than its norm through float32 rounding alone. inf when x holds a NaN or inf."""
+    import torch
+
+    x = x.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    if x.numel() == 0:
+        return 0.0
+    typical = ref.norm() / math.sqrt(ref.numel() // ref.shape[-1])
+    return float((x - ref).norm(dim=-1).max() / typical)
+
+
+def gradient_failure(x, ref, yardstick, *, factor: float = 2.0, floor: float = 1e-6, atol: float = 0.0,
+                     name: str = "the same-dtype PyTorch") -> str | None:
+    """Why a gradient x (dq, dk or dv) fails against its float64 ref, or None: accuracy_failure's bounds, the
+    whole tensor's rel err and the worst row's error, each at most `factor` times the yardstick's, the row's taken
+    against the RMS row (row_err_vs_rms) rather than its own norm. A reference that is 0 throughout (every query
+    sees one key, so its softmax has no slope: dq = dk = 0) has no scale to be relative to: every element of x
+    must then be within atol (or factor times the yardstick's largest)."""
+    if ref.numel() and not ref.abs().max() > 0:
+        err, allowed = float(x.double().abs().max()), float(yardstick.double().abs().max())
+        if not err <= max(factor * allowed, atol):
+            return (f"the reference is 0 throughout: |x| up to {err:.3e} > max({factor:g} x {name}'s {allowed:.3e}, "
+                    f"atol {atol:.1e}); {worst_element(x, ref)}")
+        return None
+    return accuracy_failure(x, ref, yardstick, factor=factor, floor=floor, name=name,
+                            row_measure=(row_err_vs_rms, "worst row's error (of the RMS row)"))
 
 
 def snr_db(x, ref) -> float:

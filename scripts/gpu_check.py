@@ -37,7 +37,7 @@ NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "Sc
 # for each reason, per issued instruction).
 NCU_STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 # Matrices that choose their own peers (gen.py bench refuses --peers for decode): --bench-peers is for the others.
-OWN_PEERS = ("default", "decode", "fa4")
+OWN_PEERS = ("default", "decode", "fa4", "backward")
 
 
 def matrix_peers(matrix: str, bench_peers: str) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import time
 import types
 
 import pytest
@@ -20,6 +19,7 @@ from bench.decode import (ROW_KEYS, DecodeCase, DecodeRow, copy_bandwidth_gbs, d
                           decode_table, finalize_decode, kv_gbs, save_decode, skipped_rows, summary_line)
 from bench.report import RUN_KEYS
 from codegen import check
+from tests.cpu_stand_ins import CpuTorch
 
 B32 = DecodeCase(32, 1, 8192)
 
@@ -217,30 +217,6 @@ def test_bench_main_without_a_gpu_says_so(capsys, monkeypatch):
 # ---------------------------------------------------------------------------------------------- one case on CPU
 
 
-class _WallEvent:
-    def __init__(self, enable_timing=True):
-        self.t = 0.0
-
-    def record(self):
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, other):
-        return (other.t - self.t) * 1e3
-
-
-class _CpuTorch:
-    """Real torch (CPU tensors, CPU SDPA) with a stand-in torch.cuda: wall-clock events, no sleep, free memory."""
-
-    def __init__(self, torch, free: int = 64 * 2**30):
-        self._torch = torch
-        self.cuda = types.SimpleNamespace(Event=_WallEvent, synchronize=lambda: None, _sleep=lambda cycles: None,
-                                          empty_cache=lambda: None, mem_get_info=lambda: (free, 2 * free),
-                                          memory_reserved=lambda: 0, memory_allocated=lambda: 0)
-
-    def __getattr__(self, name):
-        return getattr(self._torch, name)
-
-
 def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
     """The GPU path with CPU stand-ins: SDPA's MATH backend stands in for cuDNN (the CPU has no cuDNN), the
     efficient backend refuses CPU tensors (a skipped row with its reasons, not a crash), flash takes them, and
@@ -264,7 +240,7 @@ def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
     case = DecodeCase(3, 2, 64, heads=4, kv_heads=2, dim=16)
     config = parse_config(["--matrix", "decode", "--iters", "10", "--warmup", "1", "--no-save"])
     lines = []
-    rows, fault = decode.bench_decode_case(_CpuTorch(torch), case, config, lines.append)
+    rows, fault = decode.bench_decode_case(CpuTorch(torch), case, config, lines.append)
     assert fault is None
     by = {r.impl: r for r in rows}
     assert list(by) == ["cudnn", "flash", "efficient", "flashgen"]
@@ -294,10 +270,10 @@ def test_a_copy_that_does_not_fit_is_a_reason_not_a_crash(monkeypatch):
     from bench.peers import Unavailable
 
     with pytest.raises(Unavailable, match="contiguous copies need"):
-        decode._sdpa_tensors(_CpuTorch(torch, free=2**20), inputs.sets, case, "contiguous")
-    views = decode._sdpa_tensors(_CpuTorch(torch, free=2**20), inputs.sets, case, "views")
+        decode._sdpa_tensors(CpuTorch(torch, free=2**20), inputs.sets, case, "contiguous")
+    views = decode._sdpa_tensors(CpuTorch(torch, free=2**20), inputs.sets, case, "views")
     assert views[0][1].shape == (1, 2, 64, 16) and views[0][1].data_ptr() == inputs.sets[0][1].data_ptr()
-    repeated = decode._sdpa_tensors(_CpuTorch(torch), inputs.sets, case, "repeated")
+    repeated = decode._sdpa_tensors(CpuTorch(torch), inputs.sets, case, "repeated")
     assert repeated[0][1].shape == (1, 4, 64, 16) and repeated[0][1].is_contiguous()
     assert inputs.ref.shape == (1, 1, 4, 16) and inputs.ref.dtype == torch.float64
 

@@ -149,3 +149,131 @@ def test_reference_varlen_gives_sequences_without_keys_the_sink():
     torch.testing.assert_close(lse[:, :5], lse0[0])
     same = same_dtype_output_varlen(q.half(), k.half(), v.half(), cu_q, cu_k, causal=True, sinks=sinks)
     assert (same[5:12] == 0).all() and (same[:5] - o[:5]).abs().max() < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------- backward references
+
+
+def _grads_by_autograd(q, k, v, do, **options):
+    """float64 autograd through check.reference: an independent route to reference_backward's numbers."""
+    from codegen.check import reference
+
+    leaves = [t.double().detach().requires_grad_() for t in (q, k, v)]
+    o, _ = reference(*leaves, **options)
+    o.backward(do.double())
+    return [t.grad for t in leaves]
+
+
+BACKWARD_OPTIONS = [  # (B, S_q, S_k, H, H_kv, D), options
+    ((2, 50, 70, 4, 2, 16), {}),
+    ((2, 90, 40, 4, 1, 16), {"causal": True}),                        # multi-query; 50 rows see no key
+    ((1, 40, 60, 6, 3, 32), {"window": (5, 3), "softcap": 3.0}),
+    ((2, 30, 30, 2, 2, 8), {"causal": True, "window": (7, -1), "scale": 0.3}),
+    ((1, 33, 47, 4, 2, 16), {"layout": "bhsd", "causal": True}),
+]
+
+
+@pytest.mark.parametrize("dims, options", BACKWARD_OPTIONS)
+def test_reference_backward_matches_autograd_through_the_forward_reference(dims, options):
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference_backward
+
+    torch.manual_seed(1)
+    b, sq, sk, h, hk, d = dims
+    shape = (lambda s, n: (b, n, s, d)) if options.get("layout") == "bhsd" else (lambda s, n: (b, s, n, d))
+    q, do = torch.randn(shape(sq, h)), torch.randn(shape(sq, h))
+    k, v = torch.randn(shape(sk, hk)), torch.randn(shape(sk, hk))
+    grads = reference_backward(q, k, v, do, **options)
+    for got, want, like in zip(grads, _grads_by_autograd(q, k, v, do, **options), (q, k, v)):
+        assert got.dtype == torch.float64 and got.shape == like.shape
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    # Heads one at a time (the smallest score budget) give the same numbers.
+    for got, want in zip(reference_backward(q, k, v, do, max_score_bytes=1, **options), grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-13)
+
+
+def test_reference_backward_gives_exact_zeros_where_nothing_flows():
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference, reference_backward
+
+    torch.manual_seed(2)
+    q, do = torch.randn(1, 60, 2, 16), torch.randn(1, 60, 2, 16)
+    k, v = torch.randn(1, 30, 2, 16), torch.randn(1, 30, 2, 16)
+    dq, dk, dv = reference_backward(q, k, v, do, causal=True)   # bottom-right: rows 0..29 see no key
+    assert torch.isinf(reference(q, k, v, causal=True)[1][0, :, :30]).all()
+    assert (dq[:, :30] == 0).all() and (dq[:, 31:].abs().amax(-1) > 0).all()
+    assert (dq[:, 30] == 0).all(), "row 30 sees key 0 alone"
+    dq, dk, dv = reference_backward(k, q, q, k, window=(4, 0))  # 30 queries over 60 keys: keys 0..25 unseen
+    assert (dk[:, :26] == 0).all() and (dv[:, :26] == 0).all() and (dk[:, 26:].abs().amax(-1) > 0).all()
+    dq, dk, dv = reference_backward(q, k[:, :1], v[:, :1], do)  # one key: softmax has no slope
+    assert (dq == 0).all() and (dk == 0).all() and (dv != 0).all()
+
+
+def test_reference_backward_varlen_is_each_sequence_alone():
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference_backward, reference_backward_varlen
+
+    torch.manual_seed(3)
+    q_lens, k_lens = [5, 0, 40, 17], [9, 3, 40, 0]
+    cu_q = torch.tensor([0, 5, 5, 45, 62], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 12, 52, 52], dtype=torch.int32)
+    q, do = torch.randn(sum(q_lens), 4, 16), torch.randn(sum(q_lens), 4, 16)
+    k, v = torch.randn(sum(k_lens), 2, 16), torch.randn(sum(k_lens), 2, 16)
+    dq, dk, dv = reference_backward_varlen(q, k, v, do, cu_q, cu_k, causal=True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    alone = reference_backward(q[None, 5:45], k[None, 12:52], v[None, 12:52], do[None, 5:45], causal=True)
+    for got, want in zip((dq[5:45], dk[12:52], dv[12:52]), alone):
+        torch.testing.assert_close(got, want[0], rtol=0, atol=0)
+    assert (dq[45:] == 0).all(), "a sequence without keys has no gradient"
+    assert (dk[9:12] == 0).all() and (dv[9:12] == 0).all(), "a sequence without queries has no gradient"
+
+
+def test_same_dtype_backward_is_a_rounded_copy_of_the_reference():
+    torch = pytest.importorskip("torch")
+    from codegen.check import (reference_backward, reference_backward_varlen, rel_err, same_dtype_backward,
+                               same_dtype_backward_varlen)
+
+    torch.manual_seed(4)
+    q, do = (torch.randn(2, 70, 4, 32, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 50, 2, 32, dtype=torch.bfloat16) for _ in range(2))
+    options = {"causal": True, "softcap": 5.0}
+    grads = same_dtype_backward(q, k, v, do, **options)
+    for got, want, like in zip(grads, reference_backward(q, k, v, do, **options), (q, k, v)):
+        assert got.dtype == torch.bfloat16 and got.shape == like.shape
+        assert 1e-4 < rel_err(got, want) < 3e-2  # bf16 rounding: neither exact nor off
+    assert (grads[0][:, :20] == 0).all(), "rows without keys"
+    cu = torch.tensor([0, 70, 140], dtype=torch.int32)
+    cu_k = torch.tensor([0, 50, 100], dtype=torch.int32)
+    packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do)]
+    for got, want in zip(same_dtype_backward_varlen(*packed, cu, cu_k, **options), grads):
+        torch.testing.assert_close(got.float(), want.reshape(got.shape).float(), rtol=0, atol=0)
+    ref = reference_backward_varlen(*packed, cu, cu_k, **options)
+    assert all(rel_err(g, r) < 3e-2 for g, r in zip(same_dtype_backward_varlen(*packed, cu, cu_k, **options), ref))
+
+
+def test_gradient_failure_holds_rows_to_the_typical_row_and_zero_gradients_to_atol():
+    torch = pytest.importorskip("torch")
+    from codegen.check import gradient_failure, row_err_vs_rms, row_rel_err
+
+    torch.manual_seed(5)
+    ref = torch.randn(1, 50, 4, 8, dtype=torch.float64)
+    ref[0, :3] *= 1e-6  # three nearly one-hot queries: their dq is almost 0
+    yardstick = (ref * (1 + 1e-3 * torch.randn_like(ref))).float()
+    assert gradient_failure(yardstick, ref, yardstick) is None
+    noisy = yardstick.clone()
+    noisy[0, 1, 2, 5] += 3e-6  # a float32 rounding: 3x the row itself, nothing beside the others
+    assert row_rel_err(noisy, ref) > 1 > 100 * row_rel_err(yardstick, ref)
+    assert row_err_vs_rms(noisy, ref) == pytest.approx(row_err_vs_rms(yardstick, ref), rel=1e-2)
+    assert gradient_failure(noisy, ref, yardstick) is None
+    wrong = yardstick.clone()
+    wrong[0, 40, 3] *= 1.02  # one row of 200: the worst-row bound sees it, at its own index
+    failure = gradient_failure(wrong, ref, yardstick)
+    assert failure.startswith("worst row's error (of the RMS row)") and "worst at (0, 40, 3," in failure
+    wrong[0, 10, 1, 1] = float("nan")
+    assert gradient_failure(wrong, ref, yardstick).startswith("rel err inf")
+    zero = torch.zeros_like(ref)  # every query saw one key: dq is 0 throughout
+    assert gradient_failure(torch.zeros_like(yardstick), zero, torch.zeros_like(yardstick)) is None
+    failure = gradient_failure(noisy - yardstick, zero, torch.zeros_like(yardstick))
+    assert failure.startswith("the reference is 0 throughout: |x| up to 3.0")
+    assert gradient_failure(noisy - yardstick, zero, torch.zeros_like(yardstick), atol=1e-5) is None
