@@ -69,7 +69,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
 
     Autograd: where grad mode is on and q, k or v requires grad (fixed lengths, D 64/96/128 on sm_90a so far), o
     is differentiable and its `.backward()` runs flashgen's backward kernels (codegen.backward); lse is not.
-    `deterministic=True` (bit-identical gradients run to run) is refused until it is written.
+    `deterministic=True` gives bit-identical gradients run to run (dQ's key blocks add in a fixed order; D 64 and 128).
     """
     _require_torch("codegen.attention()")
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
@@ -81,11 +81,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
           and _needs_grad(q, k, v)):
         from .backward import differentiable_attention
 
-        if deterministic:
-            raise InputError("deterministic=True is not implemented yet: dQ is summed over key blocks by atomics, in "
-                             "no fixed order")
         o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
-                                          softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning)
+                                          softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning,
+                                          deterministic=deterministic)
     elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
         o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks)
     else:  # varlen: the offsets are copied to the host and checked on every call

@@ -24,7 +24,7 @@ MAX_LAUNCHERS = 64
 _LAUNCHERS: dict = {}
 
 
-def backward_spec(shape, dtype, *, causal, window, softcap, arch: str) -> BackwardSpec:
+def backward_spec(shape, dtype, *, causal, window, softcap, arch: str, deterministic: bool = False) -> BackwardSpec:
     """The resolved spec of a call's backward kernels, or the InputError that says why there is none."""
     if arch != "sm_90a":
         raise InputError(f"the backward kernels are generated for sm_90a (H100/H200) only so far, not {arch}")
@@ -32,7 +32,8 @@ def backward_spec(shape, dtype, *, causal, window, softcap, arch: str) -> Backwa
         return resolve(BackwardSpec(seq_len=shape.seq_q, seq_len_k=shape.seq_k, heads=shape.heads,
                                     kv_heads=shape.kv_heads, head_dim=shape.dim,
                                     dtype=BY_TORCH_NAME[str(dtype).split(".")[-1]].name, causal=bool(causal),
-                                    window=tuple(window) if window else (-1, -1), softcap=float(softcap)))
+                                    window=tuple(window) if window else (-1, -1), softcap=float(softcap),
+                                    deterministic=bool(deterministic)))
     except (SpecError, TypeError) as e:
         raise InputError(f"backward: {e}") from None
 
@@ -98,7 +99,10 @@ class BackwardLauncher:
         dq_accum = torch.empty((shape.batch, shape.heads, rows, shape.dim), **f32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         stream = _current_stream(q.device)
-        work = dict(lse_log2=lse_log2.data_ptr(), delta=delta.data_ptr(), dq_accum=dq_accum.data_ptr())
+        turns = (torch.empty((shape.batch, shape.heads, plan.m_blocks), dtype=torch.int32, device=q.device)
+                 if plan.spec.deterministic else None)
+        work = dict(lse_log2=lse_log2.data_ptr(), delta=delta.data_ptr(), dq_accum=dq_accum.data_ptr(),
+                    dq_turns=0 if turns is None else turns.data_ptr())
         pre = dict(work, **_strided("o", o, self.layout), **_strided("do", do, self.layout), lse=lse.data_ptr(),
                    batch=shape.batch)
         main = dict(work, **{f"tmap_{op}": self.maps[op].get(t.data_ptr())
@@ -126,9 +130,6 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
     import torch
 
     api._require_torch("codegen.attention_backward()")
-    if deterministic:
-        raise InputError("deterministic=True is not implemented yet: dQ is summed over key blocks by atomics, in "
-                         "no fixed order")
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         q, k, v = q.detach(), k.detach(), v.detach()
     with torch.no_grad():
@@ -146,11 +147,11 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
             raise InputError(f"scale must be a positive finite number, got {scale!r}")
         api._check_device(q)
         key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, bool(causal),
-               float(scale), layout, None if window is None else tuple(window), float(softcap))
+               float(scale), layout, None if window is None else tuple(window), float(softcap), bool(deterministic))
         launcher = _LAUNCHERS.get(key)
         if launcher is None:
             spec = backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap,
-                                 arch=_device_arch(q.device))
+                                 arch=_device_arch(q.device), deterministic=deterministic)
             launcher = BackwardLauncher(spec, shape, layout, float(scale), q, k, v, do, q.device)
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -179,7 +180,8 @@ def _function():
             q, k, v, o, lse = ctx.saved_tensors
             opt = ctx.options
             dq, dk, dv = attention_backward(q, k, v, o, lse, do, causal=opt["causal"], scale=opt["scale"],
-                                            window=opt["window"], softcap=opt["softcap"], layout=opt["layout"])
+                                            window=opt["window"], softcap=opt["softcap"], layout=opt["layout"],
+                                            deterministic=opt["deterministic"])
             return dq, dk, dv, None
 
     return AttentionFunction
@@ -190,7 +192,8 @@ def attention_function():
     return _function()
 
 
-def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning):
+def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning,
+                             deterministic=False):
     """attention() where q, k or v requires grad: every check of the backward spec first (an unsupported case is an
     InputError before the forward runs), then the forward through AttentionFunction.
 
@@ -201,7 +204,7 @@ def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap,
         raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get theirs)")
     shape = _check_inputs(q.detach(), k.detach(), v.detach(), layout)
     arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
-    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch)
+    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch, deterministic=deterministic)
     options = dict(causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split,
-                   sinks=sinks, tuning=tuning)
+                   sinks=sinks, tuning=tuning, deterministic=deterministic)
     return attention_function().apply(q, k, v, options)

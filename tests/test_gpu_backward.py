@@ -32,6 +32,14 @@ ZERO_ATOL = 1e-4
 RUNS = 10  # deterministic=True: the same bits this many times
 
 
+# Refused with an InputError before any launch until they are written (issue 21): the test runs and must see the
+# refusal (strict: once it works, the marker must go).
+NOT_YET_WIDE = pytest.mark.xfail(raises=InputError, strict=True,
+                                 reason="head dims 192 and 256: dK and dV do not fit a warpgroup's registers yet")
+NOT_YET_VARLEN = pytest.mark.xfail(raises=InputError, strict=True,
+                                   reason="the backward of variable-length batches is not written yet")
+
+
 def attention_backward(*args, **kwargs):
     """codegen.backward.attention_backward, imported at the call so that this file collects before it exists."""
     from codegen.backward import attention_backward as backward
@@ -154,11 +162,11 @@ def test_matches_float64(batch, seq, heads, dtype, causal):
     run_case(batch, seq, seq, heads, heads, 128, dtype, causal=causal)
 
 
-HEAD_DIMS = list(itertools.product((64, 96, 192, 256), (("bf16", False), ("f16", True))))
+HEAD_DIMS = [pytest.param(d, v, marks=NOT_YET_WIDE if d > 128 else (), id=f"D{d}-{v[0]}-{'causal' if v[1] else 'full'}")
+             for d, v in itertools.product((64, 96, 192, 256), (("bf16", False), ("f16", True)))]
 
 
-@pytest.mark.parametrize("head_dim, variant", HEAD_DIMS,
-                         ids=[f"D{d}-{t}-{'causal' if c else 'full'}" for d, (t, c) in HEAD_DIMS])
+@pytest.mark.parametrize("head_dim, variant", HEAD_DIMS)
 def test_head_dims(head_dim, variant):
     dtype, causal = variant
     run_case(2, 1000, 1000, 8, 8, head_dim, dtype, causal=causal)
@@ -197,7 +205,8 @@ def test_softcap(causal):
     run_case(2, 1000, 1000, 4, 4, 128, causal=causal, softcap=30.0, scale_inputs=4.0)
 
 
-@pytest.mark.parametrize("head_dim", (64, 96, 192, 256), ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("head_dim", [pytest.param(d, marks=NOT_YET_WIDE if d > 128 else (), id=f"D{d}")
+                                      for d in (64, 96, 192, 256)])
 def test_every_option_together(head_dim):
     run_case(2, 700, 900, 8, 2, head_dim, causal=True, window=(256, -1), softcap=20.0, scale_inputs=2.0)
 
@@ -255,17 +264,20 @@ def run_varlen(q_lens, k_lens, heads, kv_heads, head_dim, dtype="bf16", determin
     return (q, k, v, do, cu_q, cu_k), grads
 
 
+@NOT_YET_VARLEN
 @pytest.mark.parametrize("head_dim, dtype", [(64, "f16"), (128, "bf16")])
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_varlen(head_dim, dtype, causal):
     run_varlen(RAGGED, RAGGED, 8, 8, head_dim, dtype, causal=causal)
 
 
+@NOT_YET_VARLEN
 def test_varlen_separate_key_lengths_and_gqa():
     # Keys longer and shorter than queries (bottom-right per sequence), a sequence without keys, one without queries.
     run_varlen([100, 700, 128, 5, 0, 260], [300, 200, 128, 0, 7, 1000], 16, 4, 128, causal=True)
 
 
+@NOT_YET_VARLEN
 def test_varlen_window_and_softcap():
     run_varlen(RAGGED, RAGGED, 4, 2, 128, causal=True, window=(96, -1), softcap=20.0)
 
@@ -304,6 +316,7 @@ def test_deterministic_attention_backward_gives_the_same_bits():
             assert torch.equal(bits(g), bits(f)), f"run {run}: {name} differs from run 0"
 
 
+@NOT_YET_VARLEN
 def test_deterministic_varlen_gives_the_same_bits():
     (q, k, v, do, cu_q, cu_k), first = run_varlen(RAGGED, RAGGED, 8, 2, 128, causal=True, deterministic=True)
     for run in range(1, RUNS):

@@ -40,6 +40,8 @@ def regenerate_command(spec: BackwardSpec) -> str:
         args += ["--window", ",".join(map(str, s.window))]
     if s.softcap:
         args += ["--softcap", repr(float(s.softcap))]
+    if s.deterministic:
+        args.append("--deterministic")
     return " ".join(args)
 
 
@@ -127,6 +129,7 @@ def context(plan: Plan) -> dict:
         "dq_split_cols": s.head_dim // 2,
         "ds_buffers": plan.ds_buffers,
         "dq_stage_bytes": plan.dq_stage_bytes,
+        "deterministic": s.deterministic,
         "dq_chunks": [{"first": c.first, "cols": c.cols, "descs": [r.descriptors() for r in c.reads],
                        "fields": describe_descriptors(c.reads[0].descriptors())} for c in plan.dq_chunks],
         "acc": fragments.wgmma_accumulator_c(),

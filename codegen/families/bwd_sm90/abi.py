@@ -14,6 +14,9 @@ _DELTA = Param("delta", "float* __restrict__", Pack.POINTER, f"float {_WS_ROWS}:
                "delta")
 _DQ_ACCUM = Param("dq_accum", "float* __restrict__", Pack.POINTER,
                   "float (B, H, padded S_q, D): dS K summed over every key block (zeroed by _pre)", "dq_accum")
+_DQ_TURNS = Param("dq_turns", "int* __restrict__", Pack.POINTER,
+                  "int (B, H, query blocks), zeroed by _pre: deterministic mode, the key blocks that have added into "
+                  "each query block's dQ rows (each adds in its turn); null otherwise", "dq_turns")
 _BATCH = Param("batch", "int", Pack.I32, "sequences in the batch", "batch")
 
 PRE_PARAMS = (
@@ -21,14 +24,14 @@ PRE_PARAMS = (
     *strided_tensor("do", "dO, the gradient of o", "(B, S_q, H, D)"),
     Param("lse", "const float* __restrict__", Pack.POINTER, "float (B, H, S_q) contiguous: the forward's natural-log "
           "logsumexp", "lse"),
-    _LSE_LOG2, _DELTA, _DQ_ACCUM, _BATCH,
+    _LSE_LOG2, _DELTA, _DQ_ACCUM, _DQ_TURNS, _BATCH,
 )
 
 MAIN_PARAMS = (
     *(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP,
             f"CUtensorMap of {op} (by value, __grid_constant__; layouts/ derives its dims, strides and box)", f"maps[{i}]")
       for i, op in enumerate(("q", "k", "v", "do"))),
-    _LSE_LOG2, _DELTA, _DQ_ACCUM,
+    _LSE_LOG2, _DELTA, _DQ_ACCUM, _DQ_TURNS,
     *strided_tensor("dk", "dk", "(B, S_k, H_kv, D)"),
     *strided_tensor("dv", "dv", "(B, S_k, H_kv, D)"),
     Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
@@ -43,7 +46,7 @@ POST_PARAMS = (
 )
 
 # Every mbarrier the main kernel has.
-BARRIER_NAMES = ("KvFull", "QFull", "QEmpty")
+BARRIER_NAMES = ("KvFull", "QFull", "QEmpty", "DqFull", "DqEmpty")
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,16 @@ class RowGrid:
                 "y": "1", "z": "1"}
 
 
-def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, n_blocks: int) -> KernelABI:
+def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, n_blocks: int, split_dq: bool) -> KernelABI:
+    staged = (
+        Barrier("DqFull", 1, consumer_warps, "every consumer warp has staged its part of a query block's dQ tile"),
+        Barrier("DqEmpty", 1, 1, "the dQ writer's bulk add has read the staged tile"),
+    ) if split_dq else ()
     barriers = BarrierMap((
         Barrier("KvFull", 1, 1, "the key block's K and V have landed"),
         Barrier("QFull", stages, 1, "a ring slot's Q, dO, log2 logsumexps and deltas have landed"),
         Barrier("QEmpty", stages, consumer_warps, "every consumer warp is done with the ring slot"),
-    ))
+    ) + staged)
     return KernelABI(MAIN_PARAMS, barriers, KeyBlockGrid(kv_heads, n_blocks))
 
 

@@ -67,6 +67,8 @@ class BackwardSpec:
     window: tuple[int, int] = (-1, -1)  # (left, right) around each query's diagonal i + S_k - S_q; -1 unbounded
     softcap: float = 0.0
     stages: int = STAGES
+    # dQ's key blocks add in a fixed order (each waits for its turn), so gradients are bit-identical run to run.
+    deterministic: bool = False
     arch: str = "sm_90a"
 
     family = "bwd_sm90"  # its kernel family (codegen.families.family_for), not a field
@@ -103,6 +105,8 @@ class BackwardSpec:
         extras = "" if self.window == (-1, -1) else "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
         if self.softcap:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
+        if self.deterministic:
+            extras += "_det"
         return (f"flashgen_bwd_{self.arch}_s{self.seq_len}_sk{self.seq_len_k}_h{self.heads}_kvh{self.kv_heads}"
                 f"_d{self.head_dim}_{self.dtype}_{'causal' if self.causal else 'full'}_st{self.stages}{extras}")
 
@@ -120,6 +124,9 @@ def resolve(spec: BackwardSpec) -> BackwardSpec:
     # A bound reaching past every key is none: one kernel (and no int overflow) for all of them.
     window = tuple(-1 if w >= spec.seq_len + spec.seq_len_k else w for w in spec.window)
     spec = spec.replace(window=window)
+    if spec.deterministic and Plan(spec).dq_split is None:
+        raise SpecError(f"deterministic=True needs dQ added as one tile per key block, which head_dim {spec.head_dim} "
+                        "does not have yet (its consumers add their own keys' dQ by atomics)")
     Plan(spec).smem  # raises the shared-memory error
     return spec
 
@@ -263,7 +270,7 @@ class Plan:
     @cached_property
     def abi(self) -> KernelABI:
         return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * WARPS_PER_WARPGROUP,
-                          kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks)
+                          kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks, split_dq=self.dq_split is not None)
 
     @cached_property
     def pre_abi(self) -> KernelABI:
