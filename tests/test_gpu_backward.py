@@ -65,11 +65,10 @@ def packed(lengths, heads, dim, dtype):
 
 
 def poison_free_memory(*like):
-    """Fill with NaN the blocks the caching allocator will hand the gradients: tensors of their sizes (in their dtype
-    and in float32, as accumulators are) filled and freed, so that an element the kernels never write reads NaN,
-    not a stale value or a zero."""
-    bait = [torch.full(t.shape, float("nan"), dtype=dt, device=t.device) for t in like
-            for dt in (t.dtype, torch.float32)]
+    """Fill with NaN the blocks the caching allocator will hand the gradients: tensors of their sizes and dtype filled
+    and freed, so that an element the kernels never write reads NaN, not a stale value or a zero. (The fp32 dQ
+    accumulator is zeroed by the backward's first kernel by design, so poisoning it would prove nothing.)"""
+    bait = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in like]
     del bait
 
 
@@ -147,7 +146,6 @@ def test_poisoned_memory_is_what_the_next_allocations_get():
     like = torch.empty(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
     poison_free_memory(like)
     assert torch.isnan(torch.empty_like(like)).all()
-    assert torch.isnan(torch.empty(like.shape, device="cuda", dtype=torch.float32)).all()
 
 
 # --- the forward tests' shapes (D=128): S = 1, below one tile, ragged, batch > 1, 1 to 64 heads ----------------
