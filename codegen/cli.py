@@ -6,6 +6,8 @@
       ~/.cache/flashgen/kernels), compile with NVRTC, print registers, spills, shared memory and compile time;
       --run also runs it on the GPU against a float64 reference (needs torch with CUDA); --export DIR writes a
       bundle with a C launcher for builds without Python.
+  flashgen --shape S,H,D --backward [--causal] [--kv-heads N] [--seq-k N] [--window L,R] [--softcap X]
+      [--deterministic]   the backward kernels (pre, main, post) of that forward, emitted and compiled
   flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P] [--run [--batch B]] [--export DIR]
       the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
       S_MAX rows (paged, a shuffled page table, with --page-size) against float64, and times it (K+V GB/s).
@@ -154,6 +156,11 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
                         help="with --decode: a paged cache of P-row pages (1..256, a power of two, 2 or more at D=96; "
                              "default: dense)")
+    parser.add_argument("--backward", action="store_true",
+                        help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
+                             ".backward()); D 64, 96 or 128 on sm_90a")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --backward: dQ's key blocks add in a fixed order (bit-identical gradients)")
     parser.add_argument("--varlen", action="store_true",
                         help="variable-length batches: packed sequences cut by cu_seqlens at run time, S (and "
                              "--seq-k) being the longest the kernel accepts")
@@ -194,12 +201,32 @@ def _spec_from(args):
     window = parse_window(args.window)
     if getattr(args, "decode", 0):
         return _decode_spec_from(args, h, d, window)
+    if getattr(args, "backward", False):
+        return _backward_spec_from(args, s, h, d, window)
+    if getattr(args, "deterministic", False):
+        raise SpecError("--deterministic is for the backward kernels: add --backward")
     if getattr(args, "page_size", 0):
         raise SpecError("--page-size is for the decode kernel: add --decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
                               varlen=args.varlen, sinks=args.sinks))
+
+
+def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int, int]):
+    from .families.bwd_sm90 import BackwardSpec, resolve
+    from .spec import SpecError
+
+    for flag, given in (("--split", args.split), ("--block-n", args.block_n), ("--varlen", args.varlen),
+                        ("--sinks", args.sinks), ("--page-size", args.page_size)):
+        if given:
+            raise SpecError(f"{flag} does not apply to the backward kernels (--backward)"
+                            + ("; sinks need nothing of them (the forward's logsumexp carries them)"
+                               if flag == "--sinks" else ""))
+    return resolve(BackwardSpec(seq_len=seq, seq_len_k=args.seq_k or seq, heads=heads, kv_heads=args.kv_heads or heads,
+                                head_dim=dim, dtype=args.dtype, causal=args.causal, window=window,
+                                softcap=args.softcap, stages=args.stages or 2, deterministic=args.deterministic,
+                                arch=args.arch))
 
 
 def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
@@ -301,6 +328,9 @@ def generate_main(argv: list[str]) -> int:
         if export is not None:
             check_destination(export, spec.name, force=args.force)
         decode = bool(args.decode)
+        if args.backward and (args.run or export is not None):
+            raise CliError(("--run" if args.run else "--export") + " is not written for the backward kernels yet: "
+                           "run them through codegen.attention(...).backward() or `gen.py bench --matrix backward`")
         if args.run:
             if decode:
                 capacity = _decode_run_capacity(args)
@@ -310,7 +340,7 @@ def generate_main(argv: list[str]) -> int:
             _require_torch_gpu("--run")
         print(f"generating {spec.name}", flush=True)
         t0 = time.perf_counter()
-        built = build(spec, use_cache=not args.no_cache, family="decode_sm90" if decode else None)
+        built = build(spec, use_cache=not args.no_cache)  # the spec's own family (forward, decode or backward)
         files = {out / n: text for n, text in kernel_files(built).items()}
         bundle = {}
         if export is not None:
