@@ -51,19 +51,21 @@ BARRIER_NAMES = ("KvFull", "QFull", "QEmpty", "DqFull", "DqEmpty")
 
 @dataclass(frozen=True)
 class KeyBlockGrid:
-    """One CTA per (key block, K/V head, sequence)."""
+    """One CTA per (K/V head, sequence, key block), the key block slowest: CTAs launch in that order, so under a
+    causal mask the long ones (the first key blocks see every query) all start first and the short ones fill the
+    tail; and key block n of a (head, sequence) always launches before n + 1 (deterministic mode's turns)."""
 
     kv_heads: int
     n_blocks: int
 
     def dims(self, *, batch: int) -> tuple[int, int, int]:
-        return (self.n_blocks, self.kv_heads, batch)
+        return (self.kv_heads, batch, self.n_blocks)
 
     def c_launch(self) -> tuple[str, str]:
-        return "", f"dim3({self.n_blocks}, {self.kv_heads}, batch)"
+        return "", f"dim3({self.kv_heads}, batch, {self.n_blocks})"
 
     def describe(self, tiles_m: str, batches: str) -> dict:
-        return {"x": f"key blocks = {self.n_blocks}", "y": f"K/V heads = {self.kv_heads}", "z": batches}
+        return {"x": f"K/V heads = {self.kv_heads}", "y": batches, "z": f"key blocks = {self.n_blocks}"}
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 STAGES = 2
+MAX_GRID_DIM = 65535          # gridDim.y and .z
 ROW_WARPS = 4                 # the row kernels (_pre, _post): one warp per query row, four per block
 ROW_THREADS = 32 * ROW_WARPS
 
@@ -127,6 +128,8 @@ def resolve(spec: BackwardSpec) -> BackwardSpec:
     if spec.deterministic and Plan(spec).dq_split is None:
         raise SpecError(f"deterministic=True needs dQ added as one tile per key block, which head_dim {spec.head_dim} "
                         "does not have yet (its consumers add their own keys' dQ by atomics)")
+    if Plan(spec).n_blocks > MAX_GRID_DIM:
+        raise SpecError(f"S_k {spec.seq_len_k}: more than {MAX_GRID_DIM} key blocks of {BLOCK_N} (the grid's z limit)")
     Plan(spec).smem  # raises the shared-memory error
     return spec
 
@@ -337,8 +340,7 @@ class Plan:
     mapped_operands = ("q", "k", "v", "do")
 
     def grid_description(self) -> dict:
-        return {"x": f"ceil(S_k / {BLOCK_N}) = {self.n_blocks} key blocks", "y": f"K/V heads = {self.spec.kv_heads}",
-                "z": "batch"}
+        return self.abi.grid.describe("", "batch")
 
     def global_layout(self) -> str:
         s = self.spec
