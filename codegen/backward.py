@@ -15,7 +15,7 @@ from layouts import LayoutError
 from layouts.dtypes import BY_TORCH_NAME
 
 from . import api
-from .api import InputError, _check_inputs, _current_stream, _device_arch, _strides_bshd
+from .api import InputError, _check_inputs, _current_stream, _device_arch, _sm_count, _strides_bshd
 from .families.bwd_sm90 import BackwardSpec, post_name, pre_name, resolve
 from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
@@ -85,6 +85,9 @@ class BackwardLauncher:
             except LayoutError as e:
                 raise InputError(f"{op}: {e}") from None
             self.maps[op] = TensorMapCache(params, 8)
+        if self.plan.grid(shape.batch)[0] >= 2**31:
+            raise InputError(f"{self.plan.grid(shape.batch)[0]} CTAs: over the grid's limit; split the batch")
+        self.longest_first = self.plan.longest_first(shape.batch, _sm_count(device.index or 0))
 
     def __call__(self, q, k, v, o, lse, do):
         import torch
@@ -108,7 +111,8 @@ class BackwardLauncher:
         main = dict(work, **{f"tmap_{op}": self.maps[op].get(t.data_ptr())
                              for op, t in (("q", q), ("k", k), ("v", v), ("do", do))},
                     **_strided("dk", dk, self.layout), **_strided("dv", dv, self.layout),
-                    scale_log2=float(self.scale * LOG2E), scale=float(self.scale))
+                    scale_log2=float(self.scale * LOG2E), scale=float(self.scale), batch=shape.batch,
+                    longest_first=int(self.longest_first))
         post = dict(dq_accum=dq_accum.data_ptr(), **_strided("dq", dq, self.layout), scale=float(self.scale),
                     batch=shape.batch)
         row_grid = plan.row_grid(shape.batch)

@@ -86,7 +86,13 @@ def test_the_manifest_describes_the_main_kernel_from_its_abi():
     manifest = build(plan_of().spec).manifest()
     assert manifest["family"] == "bwd_sm90"
     assert [a["name"] for a in manifest["arguments"]][:4] == ["tmap_q", "tmap_k", "tmap_v", "tmap_do"]
-    assert manifest["grid"] == {"x": "K/V heads = 2", "y": "batch", "z": "key blocks = 8"}
+    assert manifest["grid"] == {"x": "key blocks x K/V heads x batch = 8 x 2 x batch", "y": "1", "z": "1"}
+
+
+def test_banded_grids_of_a_few_waves_launch_the_long_ctas_first():
+    causal = plan_of(causal=True, seq_len=8192, seq_len_k=8192, heads=32, kv_heads=8)  # 64 x 8 = 512 CTAs
+    assert causal.longest_first(batch=1, sms=132) and not causal.longest_first(batch=4, sms=132)
+    assert not plan_of(seq_len=8192, seq_len_k=8192).longest_first(batch=1, sms=132)  # no band: all CTAs alike
 
 
 def test_cli_emits_the_backward_kernels(tmp_path, capsys):

@@ -97,6 +97,7 @@ def context(plan: Plan) -> dict:
         "keys_per_consumer": KEYS_PER_CONSUMER,
         "stages": s.stages,
         "padded_rows": plan.padded_rows,
+        "n_blocks": plan.n_blocks,
         "window_left": left,
         "window_right": right,
         "softcap_c": f"{float(s.softcap)!r}f",

@@ -36,6 +36,9 @@ MAIN_PARAMS = (
     *strided_tensor("dv", "dv", "(B, S_k, H_kv, D)"),
     Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
     Param("scale", "float", Pack.F32, "the softmax scale (dK's factor)", "scale"),
+    _BATCH,
+    Param("longest_first", "int", Pack.I32, "1: CTAs walk the key blocks slowest (a banded mask's long CTAs first), "
+          "0: fastest (a (head, sequence)'s CTAs together, sharing its Q and dO in L2)", "longest_first"),
 )
 
 POST_PARAMS = (
@@ -51,21 +54,22 @@ BARRIER_NAMES = ("KvFull", "QFull", "QEmpty", "DqFull", "DqEmpty")
 
 @dataclass(frozen=True)
 class KeyBlockGrid:
-    """One CTA per (K/V head, sequence, key block), the key block slowest: CTAs launch in that order, so under a
-    causal mask the long ones (the first key blocks see every query) all start first and the short ones fill the
-    tail; and key block n of a (head, sequence) always launches before n + 1 (deterministic mode's turns)."""
+    """One CTA per (key block, K/V head, sequence), in one grid dimension whose order the kernel's longest_first
+    argument picks (codegen.policy: the key block fastest or slowest). Either way key block n of a (head,
+    sequence) launches before n + 1, which deterministic mode's turns rely on."""
 
     kv_heads: int
     n_blocks: int
 
     def dims(self, *, batch: int) -> tuple[int, int, int]:
-        return (self.kv_heads, batch, self.n_blocks)
+        return (self.n_blocks * self.kv_heads * batch, 1, 1)
 
     def c_launch(self) -> tuple[str, str]:
-        return "", f"dim3({self.kv_heads}, batch, {self.n_blocks})"
+        return "", f"dim3({self.n_blocks * self.kv_heads} * batch)"
 
     def describe(self, tiles_m: str, batches: str) -> dict:
-        return {"x": f"K/V heads = {self.kv_heads}", "y": batches, "z": f"key blocks = {self.n_blocks}"}
+        return {"x": f"key blocks x K/V heads x {batches} = {self.n_blocks} x {self.kv_heads} x {batches}", "y": "1",
+                "z": "1"}
 
 
 @dataclass(frozen=True)

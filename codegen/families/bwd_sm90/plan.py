@@ -51,6 +51,12 @@ SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 STAGES = 2
+# The launch order (KeyBlockGrid): under a banded mask (causal, windows) the first key blocks see the most queries.
+# Where the grid is a few waves, launching the key block slowest (every long CTA first) keeps the long ones off the
+# tail; where it is many, the key block fastest keeps a (head, sequence)'s CTAs together so they share its Q and dO
+# in L2. Measured (bench/LOG.md, "Backward", b4): key block slowest took (1,8192,32,128) GQA causal, 512 CTAs, from
+# 0.744x to 0.889x cuDNN, and (4,4096,32,128) causal, 4096 CTAs, from 0.846x to 0.678x.
+LONGEST_FIRST_MAX_WAVES = 4
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 ROW_WARPS = 4                 # the row kernels (_pre, _post): one warp per query row, four per block
 ROW_THREADS = 32 * ROW_WARPS
@@ -285,6 +291,11 @@ class Plan:
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         return self.abi.grid.dims(batch=batch)
+
+    def longest_first(self, batch: int, sms: int) -> bool:
+        """Whether the CTAs walk the key blocks slowest (LONGEST_FIRST_MAX_WAVES says when and why)."""
+        banded = self.spec.causal or self.spec.window != (-1, -1)
+        return banded and self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms
 
     def row_grid(self, batch: int) -> tuple[int, int, int]:
         """The row kernels' grid: a warp per (sequence, head, padded query row)."""
