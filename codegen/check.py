@@ -85,6 +85,19 @@ def band_mask(sq: int, sk: int, *, causal: bool, window: tuple[int, int] | None,
     return keep
 
 
+
+def _band_scores(qb, kb, *, scale, softcap, causal, window):
+    """Scaled (and capped) scores of (B, H, S, D) q and k, -inf outside the band: what the same-dtype yardsticks
+    softmax."""
+    import torch
+
+    scale = 1.0 / math.sqrt(qb.shape[-1]) if scale is None else scale
+    scores = (qb @ kb.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=qb.device)
+    return scores if keep is None else scores.masked_fill(~keep, float("-inf"))
+
 def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: float = 0.0,
                       scale: float | None = None, layout: str = "bshd", sinks=None):
     """A flash-style computation in the inputs' dtype, returned in q's layout: products accumulated in float32,
@@ -96,13 +109,7 @@ def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: fl
     qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
     group = qb.shape[1] // kb.shape[1]
     kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (qb @ kb.transpose(-1, -2)) * scale
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=q.device)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
+    scores = _band_scores(qb, kb, scale=scale, softcap=softcap, causal=causal, window=window)
     p = torch.softmax(_with_sinks(scores, sinks), dim=-1).nan_to_num(0.0)[..., :kb.shape[2]].to(q.dtype).float()
     out = (p @ vb).to(q.dtype)
     return out.transpose(1, 2) if layout == "bshd" else out
@@ -256,13 +263,7 @@ def same_dtype_backward(q, k, v, do, *, causal: bool = False, window=None, softc
         qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t) for t in leaves)  # (B, H, S, D)
         group = qb.shape[1] // kb.shape[1]
         kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        scores = (qb @ kb.transpose(-1, -2)) * scale
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
-        keep = band_mask(qb.shape[2], kb.shape[2], causal=causal, window=window, device=q.device)
-        if keep is not None:
-            scores = scores.masked_fill(~keep, float("-inf"))
+        scores = _band_scores(qb, kb, scale=scale, softcap=softcap, causal=causal, window=window)
         o = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ vb
         if layout == "bshd":
             o = o.transpose(1, 2)

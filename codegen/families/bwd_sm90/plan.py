@@ -31,7 +31,7 @@ from layouts.operands import TileRead, read_tile
 from codegen.abi import KernelABI
 from codegen.spec import MMA_K, SUPPORTED_DTYPES, SpecError
 
-from ..common import descriptor_address_shift, tma_origin_c
+from ..common import descriptor_address_shift, tma_origin_c, window_bounds
 from .abi import POST_PARAMS, PRE_PARAMS, kernel_abi, row_abi
 
 ARCHS = ("sm_90a",)
@@ -303,8 +303,7 @@ class Plan:
 
     @property
     def window_bounds(self) -> tuple[int, int]:
-        left, right = self.spec.window
-        return left, 0 if self.spec.causal else right
+        return window_bounds(self.spec)
 
     # ----- shared memory -----
 

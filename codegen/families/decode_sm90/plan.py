@@ -22,7 +22,7 @@ from layouts.paged import PagedTile, paged_tile
 from codegen.abi import KernelABI
 from codegen.spec import MMA_K, ROWS_PER_CONSUMER, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SpecError
 
-from ..common import descriptor_address_shift, tma_origin_c
+from ..common import descriptor_address_shift, tma_origin_c, window_bounds
 from .abi import append_abi, kernel_abi
 
 ARCHS = ("sm_90a",)
@@ -239,8 +239,7 @@ class Plan:
 
     @property
     def window_bounds(self) -> tuple[int, int]:
-        left, right = self.spec.window
-        return left, 0 if self.spec.causal else right
+        return window_bounds(self.spec)
 
     @property
     def smem_align(self) -> int:
