@@ -76,7 +76,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                     softcap=softcap, pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                    max_seqlen_k=max_seqlen_k, tuning=tuning)
+                                    max_seqlen_k=max_seqlen_k, tuning=tuning, deterministic=deterministic)
     elif (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
           and _needs_grad(q, k, v)):
         from .backward import differentiable_attention

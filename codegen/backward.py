@@ -196,6 +196,21 @@ def attention_function():
     return _function()
 
 
+def check_differentiable(q, k, *, layout, causal, window, softcap, sinks, deterministic) -> None:
+    """The backward's refusals from shapes and dtypes alone (so torch.compile raises them while tracing)."""
+    if sinks is not None and getattr(sinks, "requires_grad", False):
+        raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get theirs)")
+    if layout not in api.LAYOUTS or q.dim() != 4 or k.dim() != 4:
+        return  # the forward's own checks say what is wrong
+    (batch, seq_q, heads, dim), (_, seq_k, kv_heads, _) = ((t.shape[0], t.shape[1], t.shape[2], t.shape[3])
+                                                           if layout == "bshd" else
+                                                           (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
+                                                           for t in (q, k))
+    shape = api.Shape(batch, seq_q, seq_k, heads, kv_heads, dim)
+    arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
+    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch, deterministic=deterministic)
+
+
 def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning,
                              deterministic=False):
     """attention() where q, k or v requires grad: every check of the backward spec first (an unsupported case is an
@@ -204,11 +219,9 @@ def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap,
     Sinks need nothing of the backward kernels: the forward's logsumexp includes them, so P = exp(s - lse) is
     already each key's share, and delta = rowsum(dO * O) is still sum_j P_ij dP_ij (a sink has no value). Their own
     gradient is not computed: sinks that require grad are refused by the forward's checks."""
-    if sinks is not None and getattr(sinks, "requires_grad", False):
-        raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get theirs)")
-    shape = _check_inputs(q.detach(), k.detach(), v.detach(), layout)
-    arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
-    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch, deterministic=deterministic)
+    _check_inputs(q.detach(), k.detach(), v.detach(), layout)
+    check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,
+                         deterministic=deterministic)
     options = dict(causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split,
                    sinks=sinks, tuning=tuning, deterministic=deterministic)
     return attention_function().apply(q, k, v, options)

@@ -91,8 +91,12 @@ def test_inputs_that_need_gradients():
     wide = torch.randn(1, 128, 2, 192, dtype=torch.float16, requires_grad=True)
     with pytest.raises(InputError, match="backward: head_dim 192"):  # refused before the forward runs
         attention(wide, wide, wide)
-    with pytest.raises(InputError, match="deterministic=True is not implemented"):
-        attention(q.requires_grad_(), k, v, deterministic=True)
+    narrow = torch.randn(1, 128, 2, 96, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(InputError, match="deterministic=True needs dQ added as one tile"):  # D=96: atomics only
+        attention(narrow, narrow, narrow, deterministic=True)
+    sinks = torch.zeros(2, requires_grad=True)
+    with pytest.raises(InputError, match="gradient of sinks is not computed"):
+        attention(narrow, narrow, narrow, sinks=sinks)
 
 
 def test_misaligned_pointer():
