@@ -196,19 +196,38 @@ def attention_function():
     return _function()
 
 
-def check_differentiable(q, k, *, layout, causal, window, softcap, sinks, deterministic) -> None:
-    """The backward's refusals from shapes and dtypes alone (so torch.compile raises them while tracing)."""
+def check_differentiable(q, k, *, layout, causal, window, softcap, sinks, deterministic, refusal_of=None) -> None:
+    """The backward's refusals from shapes and dtypes alone. torch.compile passes `refusal_of` wrapped as a
+    constant result (codegen.torch_op), so they are raised while tracing without tracing the layouts' numpy."""
     if sinks is not None and getattr(sinks, "requires_grad", False):
         raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get theirs)")
     if layout not in api.LAYOUTS or q.dim() != 4 or k.dim() != 4:
         return  # the forward's own checks say what is wrong
-    (batch, seq_q, heads, dim), (_, seq_k, kv_heads, _) = ((t.shape[0], t.shape[1], t.shape[2], t.shape[3])
-                                                           if layout == "bshd" else
-                                                           (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
-                                                           for t in (q, k))
-    shape = api.Shape(batch, seq_q, seq_k, heads, kv_heads, dim)
-    arch = _device_arch(q.device) if q.device.type == "cuda" else "sm_90a"  # a CPU tensor is refused by the forward
-    backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap, arch=arch, deterministic=deterministic)
+    (seq_q, heads, dim), (seq_k, kv_heads) = ((q.shape[1], q.shape[2], q.shape[3]), (k.shape[1], k.shape[2])) \
+        if layout == "bshd" else ((q.shape[2], q.shape[1], q.shape[3]), (k.shape[2], k.shape[1]))
+    dims = (seq_q, seq_k, heads, kv_heads, dim)
+    if not all(isinstance(x, int) for x in dims):
+        return  # dynamic shapes under torch.compile: the backward op refuses when it runs
+    refusal = (refusal_of or backward_refusal)(
+        int(seq_q), int(seq_k), int(heads), int(kv_heads), int(dim), str(q.dtype), bool(causal),
+        None if window is None else tuple(int(w) for w in window), float(softcap), bool(deterministic),
+        q.device.type, q.device.index or 0)
+    if refusal:
+        raise InputError(refusal)
+
+
+def backward_refusal(seq_q, seq_k, heads, kv_heads, dim, dtype, causal, window, softcap, deterministic, device_type,
+                     device_index) -> str:
+    """The InputError message of a backward spec that cannot be made, or '': plain values in and out."""
+    import torch
+
+    arch = _device_arch(torch.device(device_type, device_index)) if device_type == "cuda" else "sm_90a"
+    try:
+        backward_spec(api.Shape(1, seq_q, seq_k, heads, kv_heads, dim), dtype, causal=causal, window=window,
+                      softcap=softcap, arch=arch, deterministic=deterministic)
+    except InputError as e:
+        return str(e)
+    return ""
 
 
 def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning,

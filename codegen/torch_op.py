@@ -10,7 +10,10 @@ from typing import Optional
 
 import torch
 
-from . import api
+from . import api, backward
+
+# The backward's refusals under torch.compile: run as they are while tracing, their result a constant.
+_traced_refusal = torch.compiler.assume_constant_result(backward.backward_refusal)
 
 
 @torch.library.custom_op("flashgen::attention", mutates_args=(), device_types="cuda")
@@ -38,9 +41,7 @@ def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
                           do: torch.Tensor, causal: bool, scale: Optional[float], layout: str,
                           window: Optional[list[int]], softcap: float,
                           deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .backward import attention_backward
-
-    return attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale, layout=layout,
+    return backward.attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale, layout=layout,
                               window=None if window is None else tuple(window), softcap=softcap,
                               deterministic=deterministic)
 
@@ -77,10 +78,8 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
     if unknown:
         raise api.InputError(f"{sorted(unknown)} cannot be passed under torch.compile")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        from .backward import check_differentiable
-
-        check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,
-                             deterministic=deterministic)
+        backward.check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap,
+                                      sinks=sinks, deterministic=deterministic, refusal_of=_traced_refusal)
     return attention_op(q, k, v, bool(causal), None if scale is None else float(scale), layout,
                         None if window is None else [int(w) for w in window], float(softcap),
                         None if pv_split is None else [int(c) for c in pv_split], sinks, int(tuning.get("block_n", 0)),

@@ -127,3 +127,21 @@ def test_attention_backward_checks_its_inputs_before_any_launch():
         attention_backward(q, q, q, q, lse[:, :2], q)
     with pytest.raises(InputError, match="CUDA device"):
         attention_backward(q, q, q, q, lse, q)
+
+
+def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
+    # On the CPU, tracing reaches the ops (then there is no CPU kernel); a head dim the backward refuses is refused
+    # while tracing, before anything would run.
+    torch = pytest.importorskip("torch")
+    from codegen import attention
+    from codegen.api import InputError
+
+    def traced(dim, fullgraph):
+        q = torch.randn(1, 128, 2, dim, dtype=torch.bfloat16, requires_grad=True)
+        torch._dynamo.reset()
+        return torch.compile(lambda q, k, v: attention(q, k, v, causal=True), fullgraph=fullgraph, backend="eager")(q, q, q)
+
+    with pytest.raises(NotImplementedError, match="flashgen::attention"):
+        traced(128, True)
+    with pytest.raises(InputError, match="backward: head_dim 192"):
+        traced(192, False)
