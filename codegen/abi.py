@@ -100,6 +100,21 @@ def strided_tensor(name: str, what: str, layout: str) -> tuple[Param, ...]:
             Param(f"{name}_head_bytes", "long long", Pack.I64, f"{what}'s head stride in bytes", f"{name}_head_bytes"))
 
 
+@dataclass(frozen=True)
+class SiblingKernel:
+    """Another entry point of a family's module (decode's append kernel, the backward's row kernels): its name,
+    ABI, threads per CTA and grid, in words, for the manifest."""
+
+    name: str
+    abi: "KernelABI"
+    threads: int
+    grid: dict
+
+    def manifest(self) -> dict:
+        return {"kernel": self.name, "block": [self.threads, 1, 1], "grid": self.grid, "dynamic_smem_bytes": 0,
+                "arguments": self.abi.manifest()}
+
+
 class GridError(ValueError):
     """A launch the grid rule cannot express."""
 

@@ -47,6 +47,8 @@ class BuiltKernel:
             "registers": self.compiled.registers.get(kernel),
             "spill_stores": self.compiled.spill_stores.get(kernel, 0),
             "spill_loads": self.compiled.spill_loads.get(kernel, 0),
+            # The module's other entry points, each with its own arguments (decode's append, the backward's rows).
+            "other_kernels": [k.manifest() for k in getattr(plan, "sibling_kernels", lambda: ())()],
             "source_sha256": self.rendered.sha256,
             "nvrtc_version": ".".join(map(str, self.compiled.nvrtc_version)),
         }

@@ -87,6 +87,11 @@ def test_the_manifest_describes_the_main_kernel_from_its_abi():
     assert manifest["family"] == "bwd_sm90"
     assert [a["name"] for a in manifest["arguments"]][:4] == ["tmap_q", "tmap_k", "tmap_v", "tmap_do"]
     assert manifest["grid"] == {"x": "key blocks x K/V heads x batch = 8 x 2 x batch", "y": "1", "z": "1"}
+    # The row kernels around it, each with its own arguments, in launch order.
+    pre, post = manifest["other_kernels"]
+    assert pre["kernel"].endswith("_pre") and post["kernel"].endswith("_post")
+    assert [a["name"] for a in pre["arguments"]][:2] == ["o_gmem", "o_batch_bytes"]
+    assert [a["name"] for a in post["arguments"]][0] == "dq_accum" and pre["block"] == [128, 1, 1]
 
 
 def test_banded_grids_of_a_few_waves_launch_the_long_ctas_first():

@@ -11,8 +11,8 @@ from .. import Family
 from ..fwd_sm90 import describe_descriptors
 from ..fwd_sm90.abi import LOG2E
 from . import abi as bwd_abi
-from .plan import (BLOCK_M, BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, PRODUCER_REGS, ROW_THREADS, ROW_WARPS,
-                   BackwardSpec, Plan, make_plan, resolve)
+from .plan import (BLOCK_M, BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
+                   ROW_THREADS, ROW_WARPS, BackwardSpec, Plan, make_plan, resolve)
 
 __all__ = ["BackwardSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -20,11 +20,11 @@ TMA_COORD_PARAMS = ("row", "head", "batch")
 
 
 def pre_name(spec: BackwardSpec) -> str:
-    return spec.name + "_pre"
+    return spec.name + PRE_SUFFIX
 
 
 def post_name(spec: BackwardSpec) -> str:
-    return spec.name + "_post"
+    return spec.name + POST_SUFFIX
 
 
 def regenerate_command(spec: BackwardSpec) -> str:
@@ -86,6 +86,8 @@ def context(plan: Plan) -> dict:
         "regenerate": regenerate_command(s),
         "summary": summary(plan),
         "kernel_name": s.name,
+        "pre_name": pre_name(s),
+        "post_name": post_name(s),
         "ptx_type": s.dtype,
         "seq_len": s.seq_len,
         "seq_len_k": s.seq_len_k,

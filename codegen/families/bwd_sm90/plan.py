@@ -28,7 +28,7 @@ from functools import cached_property
 import layouts
 from layouts.operands import TileRead, read_tile
 
-from codegen.abi import KernelABI
+from codegen.abi import KernelABI, SiblingKernel
 from codegen.spec import MMA_K, SUPPORTED_DTYPES, SpecError
 
 from ..common import descriptor_address_shift, tma_origin_c, window_bounds
@@ -58,6 +58,7 @@ STAGES = 2
 # 0.744x to 0.889x cuDNN, and (4,4096,32,128) causal, 4096 CTAs, from 0.846x to 0.678x.
 LONGEST_FIRST_MAX_WAVES = 4
 MAX_GRID_DIM = 65535          # gridDim.y and .z
+PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
 ROW_WARPS = 4                 # the row kernels (_pre, _post): one warp per query row, four per block
 ROW_THREADS = 32 * ROW_WARPS
 
@@ -291,6 +292,12 @@ class Plan:
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         return self.abi.grid.dims(batch=batch)
+
+    def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
+        """The row kernels before and after the main one (launched in this order: _pre, main, _post)."""
+        rows = self.pre_abi.grid.describe("", "batch")
+        return (SiblingKernel(self.spec.name + PRE_SUFFIX, self.pre_abi, ROW_THREADS, rows),
+                SiblingKernel(self.spec.name + POST_SUFFIX, self.post_abi, ROW_THREADS, rows))
 
     def longest_first(self, batch: int, sms: int) -> bool:
         """Whether the CTAs walk the key blocks slowest (LONGEST_FIRST_MAX_WAVES says when and why)."""

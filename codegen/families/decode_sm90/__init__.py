@@ -13,7 +13,7 @@ from ..fwd_sm90 import mma_operands
 from . import abi as decode_abi
 from codegen.spec import ROWS_PER_CONSUMER
 
-from .plan import CONSUMER_REGS, PRODUCER_REGS, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
+from .plan import APPEND_SUFFIX, CONSUMER_REGS, PRODUCER_REGS, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
 
 __all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -21,7 +21,7 @@ TMA_COORD_PARAMS = ("row", "head", "batch")
 
 
 def append_name(spec: DecodeSpec) -> str:
-    return spec.name + "_append"
+    return spec.name + APPEND_SUFFIX
 
 
 def regenerate_command(spec: DecodeSpec) -> str:

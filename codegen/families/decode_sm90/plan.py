@@ -19,7 +19,7 @@ from functools import cached_property
 import layouts
 from layouts.paged import PagedTile, paged_tile
 
-from codegen.abi import KernelABI
+from codegen.abi import KernelABI, SiblingKernel
 from codegen.spec import MMA_K, ROWS_PER_CONSUMER, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SpecError
 
 from ..common import descriptor_address_shift, tma_origin_c, window_bounds
@@ -37,6 +37,7 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
 # (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+APPEND_SUFFIX = "_append"  # the append kernel's name: the attention kernel's and this
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
 # most a TMA box). Pages of 1 row are refused at D=96, whose 64-byte rows would put every second page's TMA
@@ -325,6 +326,11 @@ class Plan:
 
     def grid(self, batch: int, splits: int) -> tuple[int, int, int]:
         return self.abi.grid.dims(tiles_m=splits, batch=batch)
+
+    def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
+        """The append kernel, launched before the attention kernel when the step brings new tokens."""
+        return (SiblingKernel(self.spec.name + APPEND_SUFFIX, self.append_abi, self.append_threads,
+                              self.append_abi.grid.describe("", "batch")),)
 
     def append_grid(self, batch: int) -> tuple[int, int, int]:
         return (self.spec.q_len, self.spec.kv_heads, batch)
