@@ -17,6 +17,7 @@ from layouts.dtypes import BY_TORCH_NAME
 from . import api
 from .api import InputError, _check_inputs, _current_stream, _device_arch, _sm_count, _strides_bshd
 from .families.bwd_sm90 import BackwardSpec, post_name, pre_name, resolve
+from .families.bwd_sm90.plan import ROW_THREADS
 from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
@@ -116,8 +117,6 @@ class BackwardLauncher:
         post = dict(dq_accum=dq_accum.data_ptr(), **_strided("dq", dq, self.layout), scale=float(self.scale),
                     batch=shape.batch)
         row_grid = plan.row_grid(shape.batch)
-        from .families.bwd_sm90.plan import ROW_THREADS
-
         launch_now(self.pre, row_grid, ROW_THREADS, stream, plan.pre_abi.pack(pre))
         launch_now(self.kernel, plan.grid(shape.batch), plan.threads, stream, plan.abi.pack(main))
         launch_now(self.post, row_grid, ROW_THREADS, stream, plan.post_abi.pack(post))
