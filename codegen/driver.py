@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from cuda.bindings import driver as cu
 
 import layouts
-from layouts.tma import TMA_DTYPE_NAMES, TMA_SWIZZLE_NAMES
+from layouts.tma import TMA_DTYPE_NAMES, TMA_L2_PROMOTION_NAMES, TMA_SWIZZLE_NAMES
 
 TENSOR_MAP_BYTES = 128
 
@@ -87,7 +87,7 @@ def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> b
         [cu.cuuint32_t(e) for e in params.elem_strides],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(cu.CUtensorMapSwizzle, TMA_SWIZZLE_NAMES[params.swizzle_bytes]),
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        getattr(cu.CUtensorMapL2promotion, TMA_L2_PROMOTION_NAMES[params.l2_promotion_bytes]),
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     ), f"cuTensorMapEncodeTiled(dims={params.dims}, strides={params.strides_bytes}, box={params.box})")
     raw = b"".join(int(w).to_bytes(8, "little") for w in tmap.opaque)

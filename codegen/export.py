@@ -158,7 +158,8 @@ def _decode_bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
         pages = getattr(plan, f"{op}_pages")
         operands.append({"name": op, "rank": described["rank"], "dims": described["dims"],
                          "strides_bytes": described["strides_bytes"], "box": list(pages.box if pages else recipe.box),
-                         "swizzle": described["swizzle"], "swizzle_enum": TMA_SWIZZLE_NAMES[recipe.swizzle.span_bytes]})
+                         "swizzle": described["swizzle"], "swizzle_enum": TMA_SWIZZLE_NAMES[recipe.swizzle.span_bytes],
+                         "l2_promotion": described["l2_promotion"]})
     capacity = DECODE_EXAMPLE_CAPACITY - DECODE_EXAMPLE_CAPACITY % max(spec.page_size, 1)
     context = {
         "summary": kernel_values["summary"], "arch": spec.arch, "gencode": gencode(spec.arch), "abi": plan.abi,

@@ -26,9 +26,10 @@ from .linear import LinearLayout
 from .stacked import StackedLayout
 from .operands import OperandDerivation, TensorMapRecipe, derive_operand
 from .swizzle import Swizzle
-from .tma import TensorMapParams
+from .tma import L2_PROMOTION_BYTES, TensorMapParams
 
 __all__ = [
+    "L2_PROMOTION_BYTES",
     "LayoutError",
     "LinearLayout",
     "OperandDerivation",

@@ -38,7 +38,7 @@ from .linear import LinearLayout
 from .mma import ARCH_DESCRIPTOR_KIND, MMA_K_BYTES, SmemDescriptor, check_footprint, mma_read_byte
 from .stacked import StackedLayout, stack
 from .swizzle import Swizzle, widest_swizzle
-from .tma import TensorMapParams, place_box
+from .tma import L2_PROMOTION_BYTES, TMA_L2_PROMOTION_NAMES, TensorMapParams, place_box
 from .verify import Mismatch, compare_maps
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
@@ -67,6 +67,7 @@ class TensorMapRecipe:
     col_blocks: int           # atoms across the head dim
     dims_symbolic: tuple
     strides_symbolic: tuple
+    l2_promotion_bytes: int = L2_PROMOTION_BYTES
 
     def instantiate(self, *, batch: int, seq_len: int, heads: int, stride_b: int, stride_s: int,
                     stride_h: int, base_address: int = 0) -> TensorMapParams:
@@ -83,7 +84,7 @@ class TensorMapRecipe:
             dims = (a, 8, d_blocks, heads, batch * seq_len // 8)
             strides = (stride_s * e, a * e, stride_h * e, 8 * stride_s * e)
         return TensorMapParams(self.rank, dims, strides, self.box, (1,) * self.rank,
-                               self.swizzle.span_bytes, e, self.dtype, base_address)
+                               self.swizzle.span_bytes, e, self.dtype, base_address, self.l2_promotion_bytes)
 
     def box_origin(self, *, batch_index: int, seq_start: int, head: int, seq_len: int) -> tuple:
         """Tensor-map coordinates (innermost first) of the tile's first element."""
@@ -102,7 +103,8 @@ class TensorMapRecipe:
     def describe(self) -> dict:
         return {"rank": self.rank, "dims": list(self.dims_symbolic), "strides_bytes": list(self.strides_symbolic),
                 "box": list(self.box), "box_bytes": self.box_bytes, "elem_strides": [1] * self.rank,
-                "swizzle": self.swizzle.name, "interleave": "none"}
+                "swizzle": self.swizzle.name, "interleave": "none",
+                "l2_promotion": TMA_L2_PROMOTION_NAMES[self.l2_promotion_bytes]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -361,22 +363,26 @@ def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
     return layout, kind
 
 
-def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes) -> TensorMapRecipe:
+def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes, l2_promotion_bytes) -> TensorMapRecipe:
     e = elem_bytes
     a = swizzle.span_bytes // e
     d_blocks = head_dim // a
     if kind == "row_tiles":
         return TensorMapRecipe(kind, 5, (a, rows, d_blocks, 1, 1), nbytes, swizzle, dtype, e, head_dim, rows, a,
                                d_blocks, (str(a), "S", str(d_blocks), "H", "B"),
-                               (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"stride_b*{e}"))
+                               (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"stride_b*{e}"), l2_promotion_bytes)
     return TensorMapRecipe(kind, 5, (a, 8, d_blocks, 1, rows // 8), nbytes, swizzle, dtype, e, head_dim, rows, a,
                            d_blocks, (str(a), "8", str(d_blocks), "H", "B*S/8"),
-                           (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"8*stride_s*{e}"))
+                           (f"stride_s*{e}", str(a * e), f"stride_h*{e}", f"8*stride_s*{e}"), l2_promotion_bytes)
 
 
-def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, dtype: str) -> OperandDerivation:
-    """Derive and verify the staged tile of ``operand``; raises LayoutError on any rejection."""
+def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, dtype: str,
+                   l2_promotion_bytes: int = L2_PROMOTION_BYTES) -> OperandDerivation:
+    """Derive and verify the staged tile of ``operand``; raises LayoutError on any rejection. `l2_promotion_bytes`
+    is its tensor map's L2 promotion (layouts.tma.TMA_L2_PROMOTION_NAMES)."""
     _check_spec(operand, arch, head_dim, block_rows, dtype)
+    if l2_promotion_bytes not in TMA_L2_PROMOTION_NAMES:
+        raise LayoutError(f"L2 promotion {l2_promotion_bytes} B: expected 0 (none), 64, 128 or 256")
     e = DTYPE_BYTES[dtype]
     swizzle = widest_swizzle(head_dim * e)
     layout, kind = _tile_layouts(operand, arch, head_dim, block_rows, e, swizzle)
@@ -404,7 +410,7 @@ def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, d
         # The swizzle pattern repeats from these boundaries; a tile anywhere else is read shifted.
         smem_align=swizzle.repeat_bytes,
         swizzle=swizzle, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
-        tensor_map=_recipe(kind, swizzle, head_dim, block_rows, e, dtype, nbytes),
+        tensor_map=_recipe(kind, swizzle, head_dim, block_rows, e, dtype, nbytes, l2_promotion_bytes),
         descriptor_kind=ARCH_DESCRIPTOR_KIND[arch] if major else None, _slices=slices)
     mismatches = derivation.verify()
     if mismatches:

@@ -70,7 +70,8 @@ class PagedTile:
         params = recipe.instantiate(batch=num_pages, seq_len=self.page_rows, heads=heads, stride_b=stride_page,
                                     stride_s=stride_row, stride_h=stride_h, base_address=base_address)
         return TensorMapParams(params.rank, params.dims, params.strides_bytes, self.box, params.elem_strides,
-                               params.swizzle_bytes, params.elem_bytes, params.dtype, params.global_address)
+                               params.swizzle_bytes, params.elem_bytes, params.dtype, params.global_address,
+                               params.l2_promotion_bytes)
 
     def affine_load(self, page: int, col_block: int) -> SubLoad:
         """Load (page `page` of the tile, column block `col_block`) as the kernel computes it."""

@@ -49,6 +49,16 @@ TMA_DTYPE_NAMES = {name: d.tma for name, d in DTYPES.items()}
 TMA_SWIZZLE_NAMES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                      64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
 
+# CUtensorMapL2promotion by bytes: how far the L2 widens a tensor copy's misses. A map's own choice comes from
+# its derivation (layouts.derive_operand); L2_PROMOTION_BYTES is the forward and backward families' (measured
+# with it; 128 was within run-to-run noise there). A pure stream of decode's K/V boxes ran at 4.0 TB/s with 256
+# and 4.33-4.39 TB/s with 128, 64 or none (H200, scripts/stream_probe.cu; bench/LOG.md "Decode", d5): the
+# widened fetches came back as a quarter more L2 sector lookups, all hits, and L2 throughput was the limit.
+TMA_L2_PROMOTION_ENUM = {0: 0, 64: 1, 128: 2, 256: 3}
+TMA_L2_PROMOTION_NAMES = {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE", 64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+                          128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
+L2_PROMOTION_BYTES = 256
+
 MAX_RANK = 5
 MAX_GLOBAL_DIM = 1 << 32
 STRIDE_LIMIT = 1 << 40
@@ -71,6 +81,7 @@ class TensorMapParams:
     elem_bytes: int
     dtype: str
     global_address: int = 0
+    l2_promotion_bytes: int = L2_PROMOTION_BYTES
 
     def __post_init__(self):
         for name in ("dims", "strides_bytes", "box", "elem_strides"):
@@ -116,6 +127,8 @@ class TensorMapParams:
         for i, e in enumerate(self.elem_strides):
             if not 0 < e <= MAX_ELEMENT_STRIDE:
                 raise LayoutError(f"elementStrides[{i}] = {e}: must be non-zero and at most 8")
+        if self.l2_promotion_bytes not in TMA_L2_PROMOTION_NAMES:
+            raise LayoutError(f"L2 promotion {self.l2_promotion_bytes} B: expected 0 (none), 64, 128 or 256")
 
     @property
     def swizzle(self) -> Swizzle:
@@ -143,6 +156,7 @@ class TensorMapParams:
             "elementStrides": list(self.elem_strides),
             "interleave": 0,
             "swizzle": TMA_SWIZZLE_ENUM[self.swizzle_bytes],
+            "l2Promotion": TMA_L2_PROMOTION_ENUM[self.l2_promotion_bytes],
         }
 
 

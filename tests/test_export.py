@@ -16,6 +16,8 @@ import gen
 from codegen.export import export_bundle, nvcc_command
 from codegen.families import resolve
 from codegen.families.decode_sm90 import DecodeSpec
+from codegen.families.decode_sm90.plan import KV_L2_PROMOTION_BYTES
+from layouts.tma import L2_PROMOTION_BYTES, TMA_L2_PROMOTION_NAMES
 from codegen.spec import KernelSpec
 
 CANONICAL = [resolve(KernelSpec(**fields)) for fields in gen.CANONICAL]
@@ -74,6 +76,7 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
         dims = ", ".join(f"(cuuint64_t)({d})" for d in described["dims"])
         assert dims in launcher
         assert ", ".join(str(b) for b in described["box"]) in launcher
+    assert launcher.count(TMA_L2_PROMOTION_NAMES[L2_PROMOTION_BYTES] + ",") == 4  # each map's, from layouts
     plan = bundle.built.plan
     assert plan.spec.persistent  # the canonical kernels are persistent: one CTA per SM, tiles from a counter
     assert f"<<<dim3(ctas), dim3(384), {plan.smem.total}, stream>>>" in launcher
@@ -183,6 +186,9 @@ def test_decode_launcher_follows_both_abis(spec, tmp_path):
     assert "const cuuint32_t box[5] = {" + ", ".join(map(str, box)) + "};" in launcher
     example = (tmp_path / "example.cu").read_text()
     assert f"kPageRows = {plan.spec.page_size};" in example and "reference<<<" in example
+    # The K/V maps' L2 promotion is the family's (128 B, where the forward's maps take 256), as the launcher's
+    promotion = TMA_L2_PROMOTION_NAMES[KV_L2_PROMOTION_BYTES]
+    assert launcher.count(promotion + ",") == 2 and "CU_TENSOR_MAP_L2_PROMOTION_L2_256B" not in launcher
 
 
 @pytest.mark.parametrize("spec", BLACKWELL, ids=lambda s: s.name)

@@ -34,6 +34,7 @@ def params(**overrides):
     (dict(global_address=8), "16-byte aligned"),
     (dict(dtype="f32", elem_bytes=4), "stages only"),
     (dict(elem_bytes=4), "does not match"),
+    (dict(l2_promotion_bytes=32), "L2 promotion 32 B"),
 ])
 def test_every_driver_limit_rejected(overrides, reason):
     with pytest.raises(LayoutError, match=reason):
@@ -107,3 +108,5 @@ def test_driver_args_use_enum_values():
     args = params(dtype="bf16").driver_args()
     assert args["tensorDataType"] == 9 and args["swizzle"] == 3 and args["interleave"] == 0
     assert params().driver_args()["tensorDataType"] == 6
+    # CUtensorMapL2promotion: NONE, L2_64B, L2_128B, L2_256B
+    assert [params(l2_promotion_bytes=b).driver_args()["l2Promotion"] for b in (0, 64, 128, 256)] == [0, 1, 2, 3]

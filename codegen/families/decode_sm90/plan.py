@@ -48,6 +48,10 @@ PAGE_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 # producer warp's 32 lanes read 32 entries at once and issue their pages' loads.
 MAX_PAGES_PER_THREAD = 16
 WARP_THREADS = 32
+# The K/V maps' L2 promotion: 128 bytes, not the forward's 256. Decode streams every byte once, and with 256 the
+# widened fetches cost L2 lookups that capped the stream at 4.0 TB/s; 128 read 4.33-4.51 TB/s, 1.00-1.01x cuDNN
+# at 32 x 8k, 128 x 8k and 8 x 32k where 256 gave 0.93-0.94x in the same run (bench/LOG.md, "Decode", d5).
+KV_L2_PROMOTION_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -201,11 +205,11 @@ class Plan:
 
     @cached_property
     def k(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype, KV_L2_PROMOTION_BYTES)
 
     @cached_property
     def v(self) -> layouts.OperandDerivation:
-        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype)
+        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype, KV_L2_PROMOTION_BYTES)
 
     @cached_property
     def k_pages(self) -> PagedTile | None:
@@ -337,8 +341,10 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
-    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype)
+def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str,
+            l2_promotion_bytes: int = layouts.L2_PROMOTION_BYTES) -> layouts.OperandDerivation:
+    return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype,
+                                  l2_promotion_bytes=l2_promotion_bytes)
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""A/B of decode variants (attention_with_kvcache knobs) against cuDNN, all timed in one process.
+
+    python3 scripts/decode_ab.py --case 32,8192 --case 128,8192 --variant base: --variant s2:num_splits=2
+    python3 scripts/decode_ab.py --case 32,8192 --heads 32/8 --dim 128 --variant n64:block_n=64,stages=4
+
+A case is B,S_K (full caches, S_q from --q-len); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
+keywords (num_splits, block_n, stages). Each round times every variant and cuDNN (SDPA, enable_gqa, the cache as
+(B,H,S,D) views) by CUDA events over --iters calls behind a GPU sleep, rounds interleaved; the median of the
+rounds is printed with the K+V read rate. For quick decisions (bench/LOG.md); `gen.py bench --matrix decode`
+makes the committed numbers. `--profile NAME` instead launches one variant (or `cudnn`) a few times for ncu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, knobs = text.partition(":")
+    if not name:
+        raise SystemExit(f"--variant {text!r}: expected NAME:KNOB=VALUE,...")
+    return name, {k: int(v) for k, _, v in (item.partition("=") for item in filter(None, knobs.split(",")))}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", required=True, metavar="B,S_K")
+    parser.add_argument("--heads", default="32/8", metavar="H/H_KV")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--q-len", type=int, default=1)
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", metavar="NAME", help="launch this variant (or cudnn) 3 times, nothing timed")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from codegen import attention_with_kvcache
+
+    heads, kv_heads = (int(x) for x in args.heads.split("/"))
+    variants = [parse_variant(v) for v in args.variant] or [("base", {})]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    print(f"H={heads}/{kv_heads} D={args.dim} S_q={args.q_len} bf16; ms median of {args.rounds} rounds")
+    for text in args.case:
+        batch, cache_len = (int(x) for x in text.split(","))
+        sets = []
+        for _ in range(2):  # two input sets, alternated, so L2 does not hold a set between calls
+            q = torch.randn(batch, args.q_len, heads, args.dim, dtype=torch.bfloat16, device="cuda")
+            k, v = (torch.randn(batch, cache_len, kv_heads, args.dim, dtype=torch.bfloat16, device="cuda")
+                    for _ in range(2))
+            lens = torch.full((batch,), cache_len, dtype=torch.int32, device="cuda")
+            sets.append((q, k, v, lens, torch.empty_like(q)))
+        calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(s[0], s[1], s[2], s[3], causal=False, out=s[4], **kw)
+                        for s in sets] for name, kw in variants}
+        calls["cudnn"] = [lambda s=s: sdpa(s[0].transpose(1, 2), s[1].transpose(1, 2), s[2].transpose(1, 2),
+                                           enable_gqa=True) for s in sets]
+        ref = sdpa(sets[0][0].transpose(1, 2).float(), sets[0][1].transpose(1, 2).float(),
+                   sets[0][2].transpose(1, 2).float(), enable_gqa=True).transpose(1, 2)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            if args.profile:
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push("profiled")  # ncu --nvtx --nvtx-include profiled/
+                for i in range(3):
+                    calls[args.profile][i % 2]()
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+                print(f"profiled {args.profile} at B={batch} S_k={cache_len}")
+                continue
+            for name, fns in calls.items():  # warm-up (compiles), and a check of each variant's output
+                out = fns[0]()
+                if name != "cudnn":
+                    err = ((sets[0][4].float() - ref).abs().max() / ref.abs().max()).item()
+                    if not err < 2e-2:
+                        raise SystemExit(f"{name}: relative error {err:.3g} at B={batch} S_k={cache_len}")
+            times = {name: [] for name in calls}
+            for _ in range(args.rounds):
+                for name, fns in calls.items():
+                    torch.cuda._sleep(2_000_000)
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for i in range(args.iters):
+                        fns[i % 2]()
+                    stop.record()
+                    torch.cuda.synchronize()
+                    times[name].append(start.elapsed_time(stop) / args.iters)
+        kv_bytes = batch * cache_len * kv_heads * args.dim * 2 * 2
+        base = statistics.median(times["cudnn"])
+        print(f"B={batch} S_k={cache_len}: cudnn {base:.4f} ms {kv_bytes / base / 1e6:.0f} GB/s")
+        for name in calls:
+            if name == "cudnn":
+                continue
+            ms = statistics.median(times[name])
+            spread = (max(times[name]) - min(times[name])) / ms
+            print(f"  {name:>12}: {ms:.4f} ms {kv_bytes / ms / 1e6:5.0f} GB/s  {base / ms:.3f}x cudnn  "
+                  f"(spread {spread:.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,225 @@
+// What streaming a decode KV cache can reach on this GPU, by load path and residency (bench/LOG.md, "Decode").
+//
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/stream_probe scripts/stream_probe.cu -lcuda && /tmp/stream_probe
+//
+// The cache is decode's bshd layout: K and V each (B * S rows) x (H_kv * 128) bf16, one CTA per (K/V head,
+// sequence) reading its head's 256 bytes of each of the sequence's S rows, block_n rows per ring slot. The
+// consumer does no attention: it waits for a slot, reads a word of it, optionally spins `work_ns`, and frees
+// it. So each configuration's rate is the load path's own ceiling (TMA tensor boxes as the decode kernel
+// loads them, or cp.async of 16 bytes per thread as an sm80-style kernel does), with one or two CTAs per SM.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    auto e_ = (x);                                                                       \
+    if (e_ != 0) {                                                                       \
+      std::printf("%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_);          \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2;
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+__device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(x), "r"(y)
+      : "memory");
+}
+__device__ __forceinline__ void spin_ns(int ns) {
+  if (ns <= 0) return;
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 >= (unsigned long long)ns) break;
+  }
+}
+
+struct Args {
+  int seq, block_n, stages, work_ns, consumer_warps;
+  float* sink;
+};
+
+// TMA: warp 0's lane 0 loads K and V of each block (two 64-column boxes each, the 128-byte swizzle) into a slot;
+// the other warps wait on it, read a word, and free it.
+__global__ void tma_stream(const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv, Args a) {
+  extern __shared__ __align__(1024) unsigned char raw[];
+  unsigned char* smem = (unsigned char*)(((size_t)raw + 1023) & ~(size_t)1023);
+  unsigned long long* bars = (unsigned long long*)(smem + a.stages * a.block_n * kRowBytes * 2);
+  const int head = blockIdx.x, batch = blockIdx.y, blocks = a.seq / a.block_n;
+  const unsigned slot_bytes = a.block_n * kRowBytes * 2;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) mbar_init(smem_u32(bars + s), 1), mbar_init(smem_u32(bars + a.stages + s), a.consumer_warps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    if (lane != 0) return;
+    for (int j = 0; j < blocks; ++j) {
+      const int s = j % a.stages;
+      if (j >= a.stages) mbar_wait(smem_u32(bars + a.stages + s), ((j / a.stages) & 1) ^ 1);
+      const unsigned full = smem_u32(bars + s), dst = smem_u32(smem + s * slot_bytes);
+      mbar_expect_tx(full, slot_bytes);
+      const int y = batch * a.seq + j * a.block_n;
+      for (int c = 0; c < 2; ++c) tma_2d(dst + c * a.block_n * 128, &mk, full, head * kHeadDim + c * 64, y);
+      for (int c = 0; c < 2; ++c)
+        tma_2d(dst + slot_bytes / 2 + c * a.block_n * 128, &mv, full, head * kHeadDim + c * 64, y);
+    }
+    return;
+  }
+  float acc = 0.f;
+  for (int j = 0; j < blocks; ++j) {  // every consumer warp reads every block
+    const int s = j % a.stages;
+    mbar_wait(smem_u32(bars + s), (j / a.stages) & 1);
+    acc += ((const float*)(smem + s * slot_bytes))[lane];
+    spin_ns(a.work_ns);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_u32(bars + a.stages + s));
+  }
+  if (acc == 12345.f) a.sink[0] = acc;
+}
+
+// cp.async: every thread copies 16-byte pieces of a block's K and V rows into the slot, `stages` groups in
+// flight; the whole CTA consumes.
+__global__ void cpasync_stream(const unsigned char* k, const unsigned char* v, int row_stride, Args a) {
+  extern __shared__ __align__(1024) unsigned char raw[];
+  unsigned char* smem = (unsigned char*)(((size_t)raw + 1023) & ~(size_t)1023);
+  const int head = blockIdx.x, batch = blockIdx.y, blocks = a.seq / a.block_n;
+  const unsigned slot_bytes = a.block_n * kRowBytes * 2;
+  const int pieces = a.block_n * kRowBytes / 16;  // of K (as many of V)
+  auto issue = [&](int j) {
+    if (j < blocks) {
+      const unsigned dst = smem_u32(smem + (j % a.stages) * slot_bytes);
+      const size_t row0 = (size_t)batch * a.seq + (size_t)j * a.block_n;
+      for (int e = threadIdx.x; e < pieces; e += blockDim.x) {
+        const int r = e / (kRowBytes / 16), c = e % (kRowBytes / 16);
+        const size_t at = (row0 + r) * row_stride + head * kRowBytes + c * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + e * 16), "l"(k + at) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + slot_bytes / 2 + e * 16), "l"(v + at)
+                     : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int j = 0; j < a.stages - 1; ++j) issue(j);
+  float acc = 0.f;
+  for (int j = 0; j < blocks; ++j) {
+    issue(j + a.stages - 1);
+    asm volatile("cp.async.wait_group 2;" ::: "memory");  // stages - 1 groups in flight: run with stages = 3
+    __syncthreads();
+    acc += ((const float*)(smem + (j % a.stages) * slot_bytes))[threadIdx.x % 32];
+    spin_ns(a.work_ns);
+    __syncthreads();
+  }
+  if (acc == 12345.f) a.sink[0] = acc;
+}
+
+static CUtensorMap make_map(void* base, int kv_heads, long long rows, int block_n, CUtensorMapL2promotion promo) {
+  CUtensorMap m;
+  cuuint64_t dims[2] = {(cuuint64_t)kv_heads * kHeadDim, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)kv_heads * kRowBytes};
+  cuuint32_t box[2] = {64, (cuuint32_t)block_n}, elem[2] = {1, 1};
+  CHECK(cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return m;
+}
+
+int main() {
+  const int batch = 32, seq = 8192, kv_heads = 8;
+  const long long rows = (long long)batch * seq, bytes = rows * kv_heads * kRowBytes;
+  unsigned char *k, *v;
+  float* sink;
+  CHECK(cudaMalloc(&k, bytes));
+  CHECK(cudaMalloc(&v, bytes));
+  CHECK(cudaMalloc(&sink, 4));
+  CHECK(cudaMemset(k, 0, bytes));
+  CHECK(cudaMemset(v, 0, bytes));
+  unsigned char* flush;  // evicts the caches from L2 between runs
+  CHECK(cudaMalloc(&flush, 256 << 20));
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaFuncSetAttribute(tma_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  CHECK(cudaFuncSetAttribute(cpasync_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  std::printf("K+V %.2f GB, grid %d x %d, %d SMs\n", 2.0 * bytes / 1e9, kv_heads, batch, sms);
+  // promo: the tensor maps' L2 promotion (0 none, else 64, 128 or 256 bytes; the decode kernel's maps use 256).
+  struct Config { const char* path; int block_n, stages, threads, work_ns, pad_kb, promo = 256; };
+  // pad_kb: extra shared memory per CTA, to force one CTA per SM where two would otherwise fit.
+  std::vector<Config> configs = {
+      {"tma", 128, 2, 96, 0, 0},         {"tma", 128, 2, 96, 0, 0, 128},     {"tma", 128, 2, 96, 0, 0, 64},
+      {"tma", 128, 2, 96, 0, 0, 0},      {"tma", 128, 2, 96, 1000, 0, 0},    {"tma", 128, 2, 96, 1000, 0, 128},
+      {"tma", 64, 3, 96, 0, 0, 0},       {"tma", 64, 3, 96, 1000, 0, 0},     {"tma", 64, 3, 96, 1000, 0, 128},
+      {"tma", 64, 3, 96, 0, 100, 0},     {"tma", 64, 3, 96, 1000, 100, 0},   {"tma", 64, 4, 96, 0, 0, 128},
+      {"cpasync", 64, 3, 128, 0, 0},     {"cpasync", 64, 3, 128, 1000, 0},   {"cpasync", 128, 3, 128, 0, 0},
+  };
+  for (const Config& c : configs) {
+    Args a{seq, c.block_n, c.stages, c.work_ns, c.threads / 32 - 1, sink};
+    const bool tma = c.path[0] == 't';
+    size_t smem = (size_t)c.stages * c.block_n * kRowBytes * 2 + 1024 + 64 + c.pad_kb * 1024;
+    int per_sm = 0;
+    if (tma) {
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tma_stream, c.threads, smem));
+    } else {
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cpasync_stream, c.threads, smem));
+    }
+    if (per_sm == 0) {
+      std::printf("%-8s n=%3d st=%d: does not fit (%zu bytes)\n", c.path, c.block_n, c.stages, smem);
+      continue;
+    }
+    const CUtensorMapL2promotion promo = c.promo == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                         : c.promo == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                         : c.promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                          : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    CUtensorMap mk = make_map(k, kv_heads, rows, c.block_n, promo), mv = make_map(v, kv_heads, rows, c.block_n, promo);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 6; ++rep) {
+      CHECK(cudaMemset(flush, rep, 256 << 20));
+      CHECK(cudaEventRecord(t0));
+      if (tma)
+        tma_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(mk, mv, a);
+      else
+        cpasync_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(k, v, kv_heads * kRowBytes, a);
+      CHECK(cudaEventRecord(t1));
+      CHECK(cudaEventSynchronize(t1));
+      CHECK(cudaGetLastError());
+      float t;
+      CHECK(cudaEventElapsedTime(&t, t0, t1));
+      if (rep) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const float med = ms[ms.size() / 2];
+    std::printf("%-8s n=%3d st=%d threads=%3d work=%4dns ctas/SM=%d promo=%3d: %.4f ms %.0f GB/s\n", c.path,
+                c.block_n, c.stages, c.threads, c.work_ns, per_sm, tma ? c.promo : 0, med, 2.0 * bytes / med / 1e6);
+  }
+  return 0;
+}
