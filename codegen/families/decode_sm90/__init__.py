@@ -104,6 +104,8 @@ def context(plan: Plan) -> dict:
         "paged_tiles": paged_tiles,
         "page_rows": s.page_size,
         "page_lanes": plan.page_lanes,
+        "block_pages": plan.block_pages,
+        "pages_per_lane": plan.pages_per_lane,
         "abi": plan.abi,
         "append_abi": plan.append_abi,
         "family_barriers": decode_abi.BARRIER_NAMES,

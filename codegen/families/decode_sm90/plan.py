@@ -227,6 +227,18 @@ class Plan:
         pages = self.k_pages.pages if self.k_pages else 1
         return 1 if pages <= MAX_PAGES_PER_THREAD else WARP_THREADS
 
+    @property
+    def block_pages(self) -> int:
+        """Pages a key block's K (and V) tile spans: 1 for a dense cache and for pages of a block or more."""
+        pages = {t.pages if t else 1 for t in (self.k_pages, self.v_pages)}
+        assert len(pages) == 1, "K and V tiles of a block span the same pages"
+        return pages.pop()
+
+    @property
+    def pages_per_lane(self) -> int:
+        """Pages of a block each issuing producer lane reads and loads."""
+        return -(-self.block_pages // self.page_lanes)
+
     @cached_property
     def abi(self) -> KernelABI:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
