@@ -4,7 +4,8 @@
     python3 scripts/decode_ab.py --case 32,8192 --case 128,8192 --variant base: --variant s2:num_splits=2
     python3 scripts/decode_ab.py --case 32,8192 --heads 32/8 --dim 128 --variant n64:block_n=64,stages=4
 
-A case is B,S_K (full caches, S_q from --q-len); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
+A case is B,S_K (full caches, S_q from --q-len; `--page-size P`: flashgen reads them as shuffled pages of P rows,
+bench.decode.paged_copy, while cuDNN reads the dense copy); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
 keywords (num_splits, block_n, stages). Each round times every variant and cuDNN (SDPA, enable_gqa, the cache as
 (B,H,S,D) views) by CUDA events over --iters calls behind a GPU sleep, rounds interleaved; the median of the
 rounds is printed with the K+V read rate. For quick decisions (bench/LOG.md); `gen.py bench --matrix decode`
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--heads", default="32/8", metavar="H/H_KV")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--q-len", type=int, default=1)
+    parser.add_argument("--page-size", type=int, default=0, help="flashgen reads a paged copy (0: the dense cache)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
@@ -42,12 +44,14 @@ def main(argv: list[str]) -> int:
 
     import torch
 
+    from bench.decode import paged_copy
     from codegen import attention_with_kvcache
 
     heads, kv_heads = (int(x) for x in args.heads.split("/"))
     variants = [parse_variant(v) for v in args.variant] or [("base", {})]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    print(f"H={heads}/{kv_heads} D={args.dim} S_q={args.q_len} bf16; ms median of {args.rounds} rounds")
+    print(f"H={heads}/{kv_heads} D={args.dim} S_q={args.q_len} bf16 page {args.page_size or 'dense'}; "
+          f"ms median of {args.rounds} rounds")
     for text in args.case:
         batch, cache_len = (int(x) for x in text.split(","))
         sets = []
@@ -56,9 +60,14 @@ def main(argv: list[str]) -> int:
             k, v = (torch.randn(batch, cache_len, kv_heads, args.dim, dtype=torch.bfloat16, device="cuda")
                     for _ in range(2))
             lens = torch.full((batch,), cache_len, dtype=torch.int32, device="cuda")
-            sets.append((q, k, v, lens, torch.empty_like(q)))
-        calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(s[0], s[1], s[2], s[3], causal=False, out=s[4], **kw)
-                        for s in sets] for name, kw in variants}
+            cache = {}
+            if args.page_size:
+                (pk, table), (pv, _) = paged_copy(torch, k, args.page_size), paged_copy(torch, v, args.page_size)
+                cache = {"k": pk, "v": pv, "page_table": table}
+            sets.append((q, k, v, lens, torch.empty_like(q), cache))
+        calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(
+                            s[0], s[5].get("k", s[1]), s[5].get("v", s[2]), s[3], page_table=s[5].get("page_table"),
+                            causal=False, out=s[4], **kw) for s in sets] for name, kw in variants}
         calls["cudnn"] = [lambda s=s: sdpa(s[0].transpose(1, 2), s[1].transpose(1, 2), s[2].transpose(1, 2),
                                            enable_gqa=True) for s in sets]
         ref = sdpa(sets[0][0].transpose(1, 2).float(), sets[0][1].transpose(1, 2).float(),
