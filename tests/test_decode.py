@@ -229,3 +229,12 @@ def test_the_reference_is_attention_over_each_sequences_keys():
     assert torch.allclose(o2, plain)
     assert torch.allclose(lse3, torch.logaddexp(plain_lse, torch.tensor(5.0, dtype=torch.float64)))
     assert o3.norm() < plain.norm()
+
+
+@pytest.mark.parametrize("page, dim, block_n", [(0, 128, 128), (4, 128, 128), (8, 128, 64), (16, 128, 64),
+                                                (16, 64, 64), (32, 96, 64), (64, 128, 128), (16, 256, 64)])
+def test_small_pages_take_narrower_blocks(page, dim, block_n):
+    # Pages of 8-32 rows: 64-key blocks (more ring slots for the TMA loads a page each); others keep the default.
+    assert resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=dim, page_size=page)).block_n == block_n
+    assert resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=dim, page_size=page, block_n=192 if dim <= 128 else 64)
+                   ).block_n == (192 if dim <= 128 else 64)  # an explicit block_n stands
