@@ -70,7 +70,7 @@ def test_paged_tiles_are_gathered_by_verified_loads():
     wrong = dataclasses.replace(small, loads=(SubLoad(0, 0, 2048),) + small.loads[1:])
     assert wrong.verify()
     assert found_by_tma(wrong)
-    p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16, block_n=128)
+    p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16)
     assert p.k_pages.loads == small.loads and p.v_pages is not None
     assert (small.pages, small.cols, small.page_stride, small.col_stride) == (8, 2, 2048, 16384)
 
@@ -134,10 +134,9 @@ def test_one_row_pages_of_64_byte_rows_are_refused_with_the_reason():
 
 @pytest.mark.parametrize("kw, lanes, pages", [
     (dict(head_dim=128, page_size=1), 32, 128), (dict(head_dim=128, page_size=2), 32, 64),
-    (dict(head_dim=128, page_size=4), 32, 32), (dict(head_dim=128, page_size=8, block_n=128), 1, 16),
-    (dict(head_dim=128, page_size=8), 1, 8), (dict(head_dim=128, page_size=16), 1, 4),  # 64-key blocks
-    (dict(head_dim=128), 1, None),
-    (dict(head_dim=256, page_size=4), 1, 16),  # 64-key blocks
+    (dict(head_dim=128, page_size=4), 32, 32), (dict(head_dim=128, page_size=8), 32, 16),
+    (dict(head_dim=128, page_size=16), 32, 8), (dict(head_dim=128, page_size=128), 1, 1), (dict(head_dim=128), 1, None),
+    (dict(head_dim=256, page_size=4), 32, 16), (dict(head_dim=256, page_size=64), 1, 1),  # 64-key blocks
     (dict(head_dim=128, page_size=1, block_n=176), 32, 176)])
 def test_blocks_of_many_pages_are_issued_by_the_producer_warp(kw, lanes, pages):
     p = plan_of(heads=32, kv_heads=8, **kw)
@@ -231,11 +230,3 @@ def test_the_reference_is_attention_over_each_sequences_keys():
     assert torch.allclose(lse3, torch.logaddexp(plain_lse, torch.tensor(5.0, dtype=torch.float64)))
     assert o3.norm() < plain.norm()
 
-
-@pytest.mark.parametrize("page, dim, block_n", [(0, 128, 128), (4, 128, 128), (8, 128, 64), (16, 128, 64),
-                                                (16, 64, 64), (32, 96, 64), (64, 128, 128), (16, 256, 64)])
-def test_small_pages_take_narrower_blocks(page, dim, block_n):
-    # Pages of 8-32 rows: 64-key blocks (more ring slots for the TMA loads a page each); others keep the default.
-    assert resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=dim, page_size=page)).block_n == block_n
-    assert resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=dim, page_size=page, block_n=192 if dim <= 128 else 64)
-                   ).block_n == (192 if dim <= 128 else 64)  # an explicit block_n stands

@@ -37,22 +37,18 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
 # (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
-# Paged caches of these page sizes take blocks of SMALL_PAGE_BLOCK_N keys where the default is wider: a block
-# costs a TMA load per page and column block, issued by one thread, and smaller blocks give the ring more slots
-# for the same bytes. 16-row pages at 32 x 8k: 0.879x cuDNN with 128-key blocks, 0.945x with 64 (the dense
-# cache 0.990x); at 128 x 2k 0.859x -> 0.941x (bench/LOG.md, "Decode", d6). Pages of 1-4 rows keep 128 (64 spills
-# the producer at 4-row pages).
-SMALL_PAGES, SMALL_PAGE_BLOCK_N = (8, 16, 32), 64
 APPEND_SUFFIX = "_append"  # the append kernel's name: the attention kernel's and this
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
 # most a TMA box). Pages of 1 row are refused at D=96, whose 64-byte rows would put every second page's TMA
 # destination off the 128 bytes tensor copies need.
 PAGE_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Pages a key block may span with one producer thread reading their page-table entries (the 16-row pages measured
-# in bench/results span 8 of a 128-key block; 8-row pages 16); a block spanning more (pages of 1-4 rows) has the
-# producer warp's 32 lanes read 32 entries at once and issue their pages' loads.
-MAX_PAGES_PER_THREAD = 16
+# Pages a key block may span with one producer thread reading their page-table entries and issuing their loads;
+# a block spanning more has the producer warp's lanes take a page each (one coalesced read of 32 entries). One
+# thread issues a tensor copy about every 120 cycles here, a warp's lanes about twice as fast, so every block of
+# more than one page goes to the warp: at 32 x 8k, 8-row pages 0.486x -> 0.721x cuDNN, 16-row 0.862x -> 0.952x,
+# 32-row 0.990x either way (bench/LOG.md, "Decode", d6).
+MAX_PAGES_PER_THREAD = 1
 WARP_THREADS = 32
 # The K/V maps' L2 promotion: 128 bytes, not the forward's 256. Decode streams every byte once, and with 256 the
 # widened fetches cost L2 lookups that capped the stream at 4.0 TB/s; 128 read 4.33-4.51 TB/s, 1.00-1.01x cuDNN
@@ -71,7 +67,7 @@ class DecodeSpec:
     window: tuple[int, int] = (-1, -1)  # (left, right) keys around each query's position; -1: unbounded
     softcap: float = 0.0
     page_size: int = 0
-    block_n: int = 0      # 0: default_block_n
+    block_n: int = 0      # 0: DEFAULT_BLOCK_N
     stages: int = 0       # 0: as many as fit
     arch: str = "sm_90a"
 
@@ -147,15 +143,9 @@ class SmemMap:
     total: int
 
 
-def default_block_n(spec: DecodeSpec) -> int:
-    """Keys per ring slot where the spec leaves it open: DEFAULT_BLOCK_N, narrowed for SMALL_PAGES."""
-    block_n = DEFAULT_BLOCK_N[spec.head_dim]
-    return min(block_n, SMALL_PAGE_BLOCK_N) if spec.page_size in SMALL_PAGES else block_n
-
-
 @functools.lru_cache(maxsize=256)
 def resolve(spec: DecodeSpec) -> DecodeSpec:
-    block_n = spec.block_n or default_block_n(spec)
+    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
     spec = spec.replace(block_n=block_n)
     # With two key groups, block j goes to group j % 2 and sits in slot j % stages: an even ring gives each group
     # slots of its own. An odd one would have a group wait on a slot's next phase while the other group's block
