@@ -8,7 +8,7 @@
       bundle with a C launcher for builds without Python.
   flashgen --shape S,H,D --backward [--causal] [--kv-heads N] [--seq-k N] [--window L,R] [--softcap X]
       [--deterministic]   the backward kernels (pre, main, post) of that forward, emitted and compiled
-  flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P] [--run [--batch B]] [--export DIR]
+  flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P [--gather]] [--run [--batch B]] [--export DIR]
       the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
       S_MAX rows (paged, a shuffled page table, with --page-size) against float64, and times it (K+V GB/s).
   flashgen layout ...   derived shared-memory layouts, descriptors and tensor maps (flashgen layout -h)
@@ -156,6 +156,9 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
                         help="with --decode: a paged cache of P-row pages (1..256, a power of two, 2 or more at D=96; "
                              "default: dense)")
+    parser.add_argument("--gather", action="store_true",
+                        help="with --page-size: load the pages' rows by the producer warpgroup's cp.async (16 bytes a "
+                             "thread) instead of a TMA copy per page (for pages of a few rows; not yet run on a GPU)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
                              ".backward()); D 64, 96 or 128 on sm_90a")
@@ -205,8 +208,8 @@ def _spec_from(args):
         return _backward_spec_from(args, s, h, d, window)
     if getattr(args, "deterministic", False):
         raise SpecError("--deterministic is for the backward kernels: add --backward")
-    if getattr(args, "page_size", 0):
-        raise SpecError("--page-size is for the decode kernel: add --decode S_Q")
+    if getattr(args, "page_size", 0) or getattr(args, "gather", False):
+        raise SpecError("--page-size and --gather are for the decode kernel: add --decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
@@ -218,7 +221,7 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
     from .spec import SpecError
 
     for flag, given in (("--split", args.split), ("--block-n", args.block_n), ("--varlen", args.varlen),
-                        ("--sinks", args.sinks), ("--page-size", args.page_size)):
+                        ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather)):
         if given:
             raise SpecError(f"{flag} does not apply to the backward kernels (--backward)"
                             + ("; sinks need nothing of them (the forward's logsumexp carries them)"
@@ -243,7 +246,8 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
                         "run-time pointer (null: none)")
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
-                              block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size))
+                              block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size,
+                              gather=args.gather))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ FEW_TILES = 8          # tiles below sms / FEW_TILES leave most SMs idle
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
-                           out=None, check: bool = False, block_n: int = 0, stages: int = 0):
+                           out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool = False):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (2..256 at D=96), and
@@ -53,6 +53,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     the returned logsumexp (B, H, S_q, float32) includes it. `num_splits` (0: chosen from the batch, the K/V
     heads, the cache's capacity and the SM count) cuts each tile's keys into that many CTAs, merged in the
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
+    `gather=True` (paged caches): the pages' rows are copied 16 bytes a thread by cp.async instead of a TMA copy per
+    page, for pages of a few rows (not yet run on a GPU: bench/LOG.md, "Decode", d7).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -69,13 +71,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                None if page_table is None else (page_table.shape, page_table.stride(), page_table.dtype,
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
-               None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages)
+               None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
+               bool(gather))
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
-                                  window, softcap, sinks, num_splits, block_n, stages)
+                                  window, softcap, sinks, num_splits, block_n, stages, gather)
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -166,7 +169,7 @@ class DecodeLauncher:
 
                     ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
                     self._loaded[op] = encoded
-            for name, t in (("q", q), ("o", o)):
+            for name, t in (("q", q), ("o", o), ("k_cache", k_cache), ("v_cache", v_cache)):
                 h[f"{name}_gmem"].value = t.data_ptr()
                 h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
                     t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
@@ -202,7 +205,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather=False) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -241,7 +244,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         spec = resolve(DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                                   window=tuple(window) if window else (-1, -1), softcap=float(softcap),
-                                  block_n=block_n, stages=stages, page_size=page_size))
+                                  block_n=block_n, stages=stages, page_size=page_size, gather=bool(gather)))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)

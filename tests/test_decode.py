@@ -230,3 +230,45 @@ def test_the_reference_is_attention_over_each_sequences_keys():
     assert torch.allclose(lse3, torch.logaddexp(plain_lse, torch.tensor(5.0, dtype=torch.float64)))
     assert o3.norm() < plain.norm()
 
+
+
+def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers():
+    with pytest.raises(SpecError, match="needs a page_size"):
+        DecodeSpec(heads=32, kv_heads=8, head_dim=128, gather=True)
+    p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True)
+    tma = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=4)
+    assert p.spec.name.endswith("_page4_gather") and p.k_pages is None and p.v_pages is None
+    assert p.producer_threads == 128 and tma.producer_threads == tma.page_lanes == 32
+    full = {b.name: b.arrivals for b in p.abi.barriers.barriers}
+    assert full["KFull"] == full["VFull"] == 128 and {b.name: b.arrivals for b in tma.abi.barriers.barriers}["KFull"] == 1
+    # The setmaxnreg split stays within what a 384-thread CTA is launched with (168 a thread).
+    assert p.producer_regs + 2 * p.consumer_regs <= 3 * 168 and p.producer_regs > tma.producer_regs
+    # D=96's 1-row pages, refused to TMA (64-byte rows put every second copy off 128 bytes), are gathered.
+    assert resolve(DecodeSpec(heads=16, kv_heads=4, head_dim=96, page_size=1, gather=True)).gather
+
+
+@pytest.mark.parametrize("dim", [64, 96, 128, 256])
+def test_gathered_pieces_tile_the_k_and_v_tiles(dim):
+    # Each thread copies 16 bytes: piece c of key row r to the tile's byte of element (r, c * vec). The pieces must
+    # be 16-byte runs of the verified layout that cover each tile once.
+    p = plan_of(heads=32, kv_heads=8, head_dim=dim, page_size=1, gather=True)
+    for tile, row, col, vec in ((p.k, "n", "k", p.k_row_vector_elems), (p.v, "k", "n", p.v_row_vector_elems)):
+        e = tile.elem_bytes
+        assert vec * e == 16
+        starts = set()
+        for r in range(p.spec.block_n):
+            for c in range(dim // vec):
+                offs = [int(tile.layout.apply_flat({row: r, col: c * vec + i})) for i in range(vec)]
+                assert offs == list(range(offs[0], offs[0] + 16, e)), (tile.operand, r, c)
+                starts.add(offs[0])
+        assert len(starts) == p.spec.block_n * dim // vec and all(s % 16 == 0 for s in starts)
+        assert max(starts) + 16 == tile.smem_bytes
+
+
+def test_gathered_kernels_fence_the_generic_writes_before_the_wgmma():
+    gathered = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=2, gather=True)).rendered.source
+    tma = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=2)).rendered.source
+    assert "constexpr bool kGather = true;" in gathered and "constexpr bool kGather = false;" in tma
+    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in gathered
+    assert "if constexpr (cfg::kGather) fence_proxy_async();" in gathered
+    assert "regs_dec<32>" in gathered and "regs_inc<232>" in gathered and "regs_dec<24>" in tma

@@ -43,7 +43,8 @@ def test_decode_run_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, monke
                                            (["--batch", "0"], "--batch must be at least 1"),
                                            (["--page-size", "3"], "page_size 3"),
                                            (["--shape", "1000,16,96", "--kv-heads", "4", "--page-size", "1"],
-                                            "128-byte aligned")])
+                                            "128-byte aligned"),
+                                           (["--gather"], "it needs a page_size")])
 def test_bad_decode_runs_are_one_line(args, message, tmp_path, capsys):
     assert gen.main(DECODE + args + ["--out", str(tmp_path / "out"), "--run"]) == 2
     assert message in one_error_line(capsys)
@@ -168,3 +169,11 @@ def test_bandwidth_counts_the_rows_the_queries_see():
     assert decode_run.kv_gbs(spec, [1000], 0.001) == pytest.approx(2 * 1000 * 8 * 128 * 2 / 1e-6 / 1e9)  # GB/s
     window = resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=2, window=(100, -1)))
     assert decode_run.keys_read(window, [1000, 50]) == 102 + 50  # positions 998, 999 see keys 898..999
+
+
+def test_gather_is_refused_outside_decode(tmp_path, capsys):
+    assert gen.main(["--shape", "1024,32,128", "--gather", "--out", str(tmp_path / "out")]) == 2
+    assert "--page-size and --gather are for the decode kernel" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,128", "--backward", "--gather", "--out", str(tmp_path / "out")]) == 2
+    assert "--gather does not apply to the backward kernels" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()

@@ -162,7 +162,8 @@ BLACKWELL = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, arch="sm_10
 DECODE = [DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=4, dtype="bf16"),
           DecodeSpec(heads=16, kv_heads=4, head_dim=64, q_len=1, dtype="f16", page_size=16, window=(300, -1),
                      softcap=20.0),
-          DecodeSpec(heads=8, kv_heads=2, head_dim=128, q_len=2, dtype="bf16", page_size=1)]  # the producer warp
+          DecodeSpec(heads=8, kv_heads=2, head_dim=128, q_len=2, dtype="bf16", page_size=1),  # the producer warp
+          DecodeSpec(heads=16, kv_heads=4, head_dim=96, q_len=1, dtype="bf16", page_size=1, gather=True)]
 
 
 @pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + THREE_ATOMS + VARLEN + SINKS + BLACKWELL + DECODE,

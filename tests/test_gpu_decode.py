@@ -227,15 +227,16 @@ SMALL_PAGES = [
 ]
 
 
-def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, **options):
-    """attention_with_kvcache over shuffled paged copies of the dense (NaN past each length) caches k, v."""
+def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, gather=False, **options):
+    """attention_with_kvcache over shuffled paged copies of the dense (NaN past each length) caches k, v; `options`
+    are the call's masks (the reference takes them too), the others its tuning."""
     from codegen.decode_run import paged_caches
 
     (pk, pv), table = paged_caches(torch, (k, v), page, generator=torch.Generator().manual_seed(seed))
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     o, lse = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, block_n=block_n,
-                                    out=out, return_lse=True, check=True, **options)
+                                    out=out, return_lse=True, check=True, gather=gather, **options)
     assert_matches_float64(o, lse, q, k, v, lengths, options)
 
 
@@ -246,6 +247,22 @@ def test_small_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, block_
     k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=page)
     q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
     run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, block_n=block_n, seed=page)
+
+
+# The same pages gathered by the producer warpgroup's cp.async (DecodeSpec.gather): rows past a length copy its last
+# key, the consumers fence the generic-proxy writes before their wgmma; D=96 takes 1-row pages only this way.
+GATHERED = [(1, 1, 32, 8, 128, torch.bfloat16), (4, 4, 32, 8, 128, torch.bfloat16), (8, 1, 32, 8, 128, torch.bfloat16),
+            (16, 1, 32, 8, 64, torch.float16), (1, 2, 16, 4, 96, torch.bfloat16), (2, 3, 8, 1, 256, torch.bfloat16),
+            (1, 16, 64, 8, 128, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("page, sq, heads, kv_heads, dim, dtype", GATHERED)
+@pytest.mark.parametrize("num_splits", [1, 0, 5])
+def test_gathered_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, num_splits):
+    lengths = [1000, 0, 1, page, page + 1, 999, 129, 511]
+    k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=page)
+    q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
+    run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, seed=page, gather=True)
 
 
 @pytest.mark.parametrize("page", [1, 2, 4])

@@ -13,7 +13,7 @@ from ..fwd_sm90 import mma_operands
 from . import abi as decode_abi
 from codegen.spec import ROWS_PER_CONSUMER
 
-from .plan import APPEND_SUFFIX, CONSUMER_REGS, PRODUCER_REGS, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
+from .plan import APPEND_SUFFIX, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
 
 __all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -93,10 +93,14 @@ def context(plan: Plan) -> dict:
         "softcap_c": f"{float(s.softcap)!r}f",
         "q_vector_elems": plan.q_vector_elems,
         "v_vector_elems": plan.v_row_vector_elems,
+        "k_vector_elems": plan.k_row_vector_elems if s.gather else 0,
+        "gather": s.gather,
+        "producer_threads": plan.producer_threads,
         "smem": plan.smem,
         "smem_align": plan.smem_align,
         **mma_operands(plan),
         "q_offset_c": plan.q.formula_c,
+        "k_offset_c": plan.k.formula_c,
         "v_offset_c": plan.v.formula_c,
         "acc": fragments.wgmma_accumulator_c(),
         "tma_rank": tma_rank,
@@ -110,8 +114,8 @@ def context(plan: Plan) -> dict:
         "append_abi": plan.append_abi,
         "family_barriers": decode_abi.BARRIER_NAMES,
         "mbarrier_bytes": MBARRIER_BYTES,
-        "producer_regs": PRODUCER_REGS,
-        "consumer_regs": CONSUMER_REGS,
+        "producer_regs": plan.producer_regs,
+        "consumer_regs": plan.consumer_regs,
     }
 
 

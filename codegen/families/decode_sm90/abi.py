@@ -30,6 +30,9 @@ _PARAMS = (
     Param("sinks", "const float* __restrict__", Pack.POINTER,
           "float (H,): a logit per query head joining every row's softmax denominator; null: none", "sinks"),
     *_PAGES,
+    # Read only where the spec gathers a paged cache's rows (DecodeSpec.gather); the tensor maps serve otherwise.
+    *_tensor("k_cache", "the K cache", "(B_cache, S_max, H_kv, D) or (pages, page, H_kv, D)"),
+    *_tensor("v_cache", "the V cache", "(B_cache, S_max, H_kv, D) or (pages, page, H_kv, D)"),
     Param("splits", "int", Pack.I32, "CTAs sharing each tile's key blocks (1: no merge)", "splits"),
     Param("ws_o", "float* __restrict__", Pack.POINTER,
           "float (B, grid.y, splits, block_m, D): each split's normalized O (splits > 1)", "ws_o"),
@@ -80,10 +83,12 @@ class AppendGrid:
         return {"x": "S_q (new tokens)", "y": f"K/V heads = {self.kv_heads}", "z": batches}
 
 
-def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int) -> KernelABI:
+def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, full_arrivals: int = 1) -> KernelABI:
+    """`full_arrivals`: arrivals that complete a full barrier, 1 (the thread that arms it for a TMA load's bytes)
+    or each gathering producer thread's (its cp.async copies landed)."""
     barriers = BarrierMap((
-        Barrier("KFull", stages, 1, "K of a ring slot has landed"),
-        Barrier("VFull", stages, 1, "V of a ring slot has landed"),
+        Barrier("KFull", stages, full_arrivals, "K of a ring slot has landed"),
+        Barrier("VFull", stages, full_arrivals, "V of a ring slot has landed"),
         Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),
         Barrier("VEmpty", stages, consumer_warps, "every consumer warp's PV has read the V slot"),
     ))

@@ -30,6 +30,9 @@ THREADS_PER_WARPGROUP = 128
 WARPS_PER_WARPGROUP = 4
 MAX_CONSUMERS = 2  # warpgroups of 64 rows; a tile holds up to 128 packed rows
 PRODUCER_REGS, CONSUMER_REGS = 24, 240  # setmaxnreg split with two consumers (as the forward family's)
+# A gathering producer warpgroup computes a source address per 16 bytes: 24 registers spilled there, so it takes
+# 32 and the consumers 232 (the split must stay within the 504 a 384-thread CTA is launched with).
+GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 32, 232
 SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
@@ -67,6 +70,7 @@ class DecodeSpec:
     window: tuple[int, int] = (-1, -1)  # (left, right) keys around each query's position; -1: unbounded
     softcap: float = 0.0
     page_size: int = 0
+    gather: bool = False  # paged K/V by the producer warpgroup's 16-byte cp.async, not a TMA copy per page
     block_n: int = 0      # 0: DEFAULT_BLOCK_N
     stages: int = 0       # 0: as many as fit
     arch: str = "sm_90a"
@@ -92,6 +96,7 @@ class DecodeSpec:
         need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
         need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: pages of {', '.join(map(str, PAGE_SIZES[1:]))} "
              "rows (a power of two up to a TMA box's 256), or 0 for a dense cache")
+        need(not self.gather or self.page_size > 0, "gather loads a paged cache's rows; it needs a page_size")
         need(self.block_n == 0 or (self.block_n % MMA_K == 0 and 64 <= self.block_n <= 256),
              f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
@@ -116,7 +121,7 @@ class DecodeSpec:
         if self.softcap:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
         if self.page_size:
-            extras += f"_page{self.page_size}"
+            extras += f"_page{self.page_size}" + ("_gather" if self.gather else "")
         return (f"flashgen_decode_{self.arch}_h{self.heads}_kvh{self.kv_heads}_d{self.head_dim}_{self.dtype}"
                 f"_q{self.q_len}_{'causal' if self.causal else 'full'}_n{self.block_n or 'auto'}"
                 f"_st{self.stages or 'auto'}{extras}")
@@ -215,12 +220,26 @@ class Plan:
 
     @cached_property
     def k_pages(self) -> PagedTile | None:
-        """How a K tile is gathered from a paged cache (None: dense), verified against the TMA model."""
-        return _paged(self.k, self.spec.page_size) if self.spec.page_size else None
+        """How a K tile is loaded from a paged cache by TMA (None: dense, or gathered by cp.async), verified against
+        the TMA model."""
+        return _paged(self.k, self.spec.page_size) if self.spec.page_size and not self.spec.gather else None
 
     @cached_property
     def v_pages(self) -> PagedTile | None:
-        return _paged(self.v, self.spec.page_size) if self.spec.page_size else None
+        return _paged(self.v, self.spec.page_size) if self.spec.page_size and not self.spec.gather else None
+
+    @property
+    def producer_threads(self) -> int:
+        """Producer threads that load a block: the whole warpgroup where it gathers, else page_lanes."""
+        return THREADS_PER_WARPGROUP if self.spec.gather else self.page_lanes
+
+    @property
+    def producer_regs(self) -> int:
+        return GATHER_PRODUCER_REGS if self.spec.gather else PRODUCER_REGS
+
+    @property
+    def consumer_regs(self) -> int:
+        return GATHER_CONSUMER_REGS if self.spec.gather else CONSUMER_REGS
 
     @property
     def page_lanes(self) -> int:
@@ -245,7 +264,8 @@ class Plan:
     def abi(self) -> KernelABI:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
         return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
-                          kv_heads=self.spec.kv_heads, tiles_m=self.tiles_m)
+                          kv_heads=self.spec.kv_heads, tiles_m=self.tiles_m,
+                          full_arrivals=self.producer_threads if self.spec.gather else 1)
 
     @cached_property
     def append_abi(self) -> KernelABI:
@@ -306,6 +326,15 @@ class Plan:
         elems = min(run, 16 // self.q.elem_bytes)
         if elems * self.q.elem_bytes != 16:
             raise SpecError(f"the Q tile keeps only {run} elements contiguous; the packed-row load needs 16 bytes")
+        return elems
+
+    @property
+    def k_row_vector_elems(self) -> int:
+        """Elements of a K row a gathering thread copies at once (16 bytes, contiguous in the swizzled tile)."""
+        run = self.k.layout.contiguous_run("k", self.k.elem_bytes)
+        elems = min(run, 16 // self.k.elem_bytes)
+        if elems * self.k.elem_bytes != 16:
+            raise SpecError(f"the K tile keeps only {run} elements contiguous; the gathered load needs 16 bytes")
         return elems
 
     @property
