@@ -169,7 +169,8 @@ class DecodeLauncher:
 
                     ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
                     self._loaded[op] = encoded
-            for name, t in (("q", q), ("o", o), ("k_cache", k_cache), ("v_cache", v_cache)):
+            gathered = (("k_cache", k_cache), ("v_cache", v_cache)) if self.plan.spec.gather else ()
+            for name, t in (("q", q), ("o", o)) + gathered:
                 h[f"{name}_gmem"].value = t.data_ptr()
                 h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
                     t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)

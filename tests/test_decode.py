@@ -241,6 +241,8 @@ def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers()
     assert p.producer_threads == 128 and tma.producer_threads == tma.page_lanes == 32
     full = {b.name: b.arrivals for b in p.abi.barriers.barriers}
     assert full["KFull"] == full["VFull"] == 128 and {b.name: b.arrivals for b in tma.abi.barriers.barriers}["KFull"] == 1
+    # Only the gathering kernel takes the caches' addresses and strides (the TMA kernels' ABI is unchanged by it).
+    assert {"k_cache_gmem", "v_cache_row_bytes"} <= set(p.abi.names) and "k_cache_gmem" not in tma.abi.names
     # The setmaxnreg split stays within what a 384-thread CTA is launched with (168 a thread).
     assert p.producer_regs + 2 * p.consumer_regs <= 3 * 168 and p.producer_regs > tma.producer_regs
     # D=96's 1-row pages, refused to TMA (64-byte rows put every second copy off 128 bytes), are gathered.

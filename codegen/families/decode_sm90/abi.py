@@ -30,9 +30,6 @@ _PARAMS = (
     Param("sinks", "const float* __restrict__", Pack.POINTER,
           "float (H,): a logit per query head joining every row's softmax denominator; null: none", "sinks"),
     *_PAGES,
-    # Read only where the spec gathers a paged cache's rows (DecodeSpec.gather); the tensor maps serve otherwise.
-    *_tensor("k_cache", "the K cache", "(B_cache, S_max, H_kv, D) or (pages, page, H_kv, D)"),
-    *_tensor("v_cache", "the V cache", "(B_cache, S_max, H_kv, D) or (pages, page, H_kv, D)"),
     Param("splits", "int", Pack.I32, "CTAs sharing each tile's key blocks (1: no merge)", "splits"),
     Param("ws_o", "float* __restrict__", Pack.POINTER,
           "float (B, grid.y, splits, block_m, D): each split's normalized O (splits > 1)", "ws_o"),
@@ -41,6 +38,13 @@ _PARAMS = (
     Param("split_counter", "int* __restrict__", Pack.POINTER,
           "int (B, grid.y), zero before the launch and left zero: splits finished per tile", "split_counter"),
     Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
+)
+
+# A gathering kernel's (DecodeSpec.gather) own: the caches' addresses and strides, which its cp.async reads by;
+# the other kernels read the caches through the tensor maps alone.
+_GATHER_PARAMS = (
+    *_tensor("k_cache", "the K cache", "(pages, page, H_kv, D)"),
+    *_tensor("v_cache", "the V cache", "(pages, page, H_kv, D)"),
 )
 
 _APPEND_PARAMS = (
@@ -83,16 +87,17 @@ class AppendGrid:
         return {"x": "S_q (new tokens)", "y": f"K/V heads = {self.kv_heads}", "z": batches}
 
 
-def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, full_arrivals: int = 1) -> KernelABI:
-    """`full_arrivals`: arrivals that complete a full barrier, 1 (the thread that arms it for a TMA load's bytes)
-    or each gathering producer thread's (its cp.async copies landed)."""
+def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, gather_threads: int = 0) -> KernelABI:
+    """`gather_threads`: 0 for a kernel whose loads are TMA copies (a full barrier completes on the one arrival
+    that arms it with the copies' bytes), else the producer threads that gather, each arriving as its copies land."""
+    full_arrivals = gather_threads or 1
     barriers = BarrierMap((
         Barrier("KFull", stages, full_arrivals, "K of a ring slot has landed"),
         Barrier("VFull", stages, full_arrivals, "V of a ring slot has landed"),
         Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),
         Barrier("VEmpty", stages, consumer_warps, "every consumer warp's PV has read the V slot"),
     ))
-    return KernelABI(_PARAMS, barriers, DecodeGrid(kv_heads, tiles_m))
+    return KernelABI(_PARAMS + (_GATHER_PARAMS if gather_threads else ()), barriers, DecodeGrid(kv_heads, tiles_m))
 
 
 def append_abi(*, kv_heads: int) -> KernelABI:

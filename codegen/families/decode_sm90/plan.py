@@ -265,7 +265,7 @@ class Plan:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
         return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
                           kv_heads=self.spec.kv_heads, tiles_m=self.tiles_m,
-                          full_arrivals=self.producer_threads if self.spec.gather else 1)
+                          gather_threads=self.producer_threads if self.spec.gather else 0)
 
     @cached_property
     def append_abi(self) -> KernelABI:
