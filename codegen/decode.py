@@ -40,7 +40,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool = False):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
-    v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (2..256 at D=96), and
+    v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (2..256 at D=96 unless gather), and
     page_table an int32 (B, max_pages) tensor on the device whose row b lists the pages holding sequence b's keys
     in order (its capacity is max_pages * page_size; the kernel reads no entry past a sequence's last page).
 

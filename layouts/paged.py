@@ -150,7 +150,7 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
                     f"{tile.operand} from {page_rows}-row pages: the load of tile rows {load.row}.. would start at "
                     f"tile byte {load.smem_offset}, and a TMA destination must be {SMEM_ALIGN}-byte aligned (rows "
                     f"of {row_bytes} bytes under the {recipe.swizzle.name} swizzle need pages of "
-                    f"{max(1, SMEM_ALIGN // row_bytes)} rows or more; a gathered load for them is not written)")
+                    f"{max(1, SMEM_ALIGN // row_bytes)} rows or more, or a gathered load: the decode kernel's gather=True)")
     page_stride = loads[cols].smem_offset if pages > 1 else 0
     col_stride = loads[1].smem_offset if cols > 1 else 0
     paged = PagedTile(tile, page_rows, loads, box, pages, cols, page_stride, col_stride)

@@ -43,8 +43,8 @@ DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 APPEND_SUFFIX = "_append"  # the append kernel's name: the attention kernel's and this
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
-# most a TMA box). Pages of 1 row are refused at D=96, whose 64-byte rows would put every second page's TMA
-# destination off the 128 bytes tensor copies need.
+# most a TMA box). Pages of 1 row are refused to TMA at D=96, whose 64-byte rows would put every second page's
+# TMA destination off the 128 bytes tensor copies need; gathered (DecodeSpec.gather) they load.
 PAGE_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Pages a key block may span with one producer thread reading their page-table entries and issuing their loads;
 # a block spanning more has the producer warp's lanes take a page each (one coalesced read of 32 entries). One
@@ -322,30 +322,18 @@ class Plan:
     def q_vector_elems(self) -> int:
         """Elements of a Q row a thread moves from global to shared memory at once (16 bytes, where the
         swizzled tile keeps them contiguous)."""
-        run = self.q.layout.contiguous_run("k", self.q.elem_bytes)
-        elems = min(run, 16 // self.q.elem_bytes)
-        if elems * self.q.elem_bytes != 16:
-            raise SpecError(f"the Q tile keeps only {run} elements contiguous; the packed-row load needs 16 bytes")
-        return elems
+        return _sixteen_byte_run(self.q, "k", "the packed-row load")
 
     @property
     def k_row_vector_elems(self) -> int:
         """Elements of a K row a gathering thread copies at once (16 bytes, contiguous in the swizzled tile)."""
-        run = self.k.layout.contiguous_run("k", self.k.elem_bytes)
-        elems = min(run, 16 // self.k.elem_bytes)
-        if elems * self.k.elem_bytes != 16:
-            raise SpecError(f"the K tile keeps only {run} elements contiguous; the gathered load needs 16 bytes")
-        return elems
+        return _sixteen_byte_run(self.k, "k", "the gathered load")
 
     @property
     def v_row_vector_elems(self) -> int:
-        """Elements of a V row zeroed at once past a sequence's end (garbage there could be NaN, and 0 * NaN is
-        NaN in P V)."""
-        run = self.v.layout.contiguous_run("n", self.v.elem_bytes)
-        elems = min(run, 16 // self.v.elem_bytes)
-        if elems * self.v.elem_bytes != 16:
-            raise SpecError(f"the V tile keeps only {run} elements contiguous; the tail zeroing needs 16 bytes")
-        return elems
+        """Elements of a V row zeroed (or gathered) at once: 16 bytes. Past a sequence's end the cache holds
+        anything, NaN included, and 0 * NaN is NaN in P V, hence the zeroing."""
+        return _sixteen_byte_run(self.v, "n", "the tail zeroing")
 
     def origin_c(self, operand, names: tuple[str, str, str]) -> str:
         """The tile's tensor-map coordinates as C. The cache's capacity is a run-time tensor-map dimension, so
@@ -396,6 +384,15 @@ def _paged(tile: layouts.OperandDerivation, page_rows: int) -> PagedTile:
         return paged_tile(tile, page_rows)
     except layouts.LayoutError as e:
         raise SpecError(str(e)) from None
+
+
+def _sixteen_byte_run(tile: layouts.OperandDerivation, dim: str, use: str) -> int:
+    """Elements of `tile` along `dim` that are 16 contiguous bytes in its swizzled layout (a 16-byte access)."""
+    run = tile.layout.contiguous_run(dim, tile.elem_bytes)
+    elems = min(run, 16 // tile.elem_bytes)
+    if elems * tile.elem_bytes != 16:
+        raise SpecError(f"the {tile.operand.upper()} tile keeps only {run} elements contiguous; {use} needs 16 bytes")
+    return elems
 
 
 def make_plan(spec: DecodeSpec) -> Plan:
