@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 from .cases import Case
 from .config import BACKWARD_IMPLS, BACKWARD_MATRIX, BenchConfig
 from .decode import SDPA_BACKENDS, _fmt, _refusal, _unique
-from .report import _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
+from .report import TimedRow, _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
 
 BACKWARD_FLOPS = 2.5  # the backward's FLOPs per forward FLOP (DESIGN.md section 7): 10 * B * H * S_q * S_k * D
 CHECK_BATCHES = 1  # rel_err covers the first batch entry (the float64 reference of all of them would take long)
@@ -61,7 +61,7 @@ def tflops(flops: float, ms: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
-class BackwardRow:
+class BackwardRow(TimedRow):
     impl: str  # flashgen, cudnn, flash
     case: Case
     ms: float | None = None
@@ -81,14 +81,6 @@ class BackwardRow:
     ratio_to_cudnn: float | None = None
     call_vs_cudnn: float | None = None
     fwd_bwd_vs_cudnn: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.ms is not None and self.error is None and self.skipped is None
-
-    @property
-    def call_ok(self) -> bool:
-        return self.call_ms is not None and self.call_error is None and self.skipped is None
 
     @property
     def fwd_bwd_ok(self) -> bool:

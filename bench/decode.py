@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 from .cases import BenchUsageError, Case
 from .config import DECODE_IMPLS, DECODE_MATRIX, BenchConfig
-from .report import _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
+from .report import TimedRow, _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
 
 GPU_MEMORY_BYTES = 139 * 2**30  # the H200's memory, for the matrix's plan (each case is checked again at run time)
 MEMORY_HEADROOM_BYTES = 4 * 2**30  # left free beyond a case's estimate: SDPA and cuDNN workspaces, the allocator
@@ -154,7 +154,7 @@ def decode_cases() -> tuple[DecodeCase, ...]:
 
 
 @dataclass(frozen=True)
-class DecodeRow:
+class DecodeRow(TimedRow):
     impl: str  # flashgen, cudnn, flash, efficient
     case: DecodeCase
     ms: float | None = None
@@ -171,14 +171,6 @@ class DecodeRow:
     copy_gbs: float | None = None
     ratio_to_cudnn: float | None = None
     call_vs_cudnn: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.ms is not None and self.error is None and self.skipped is None
-
-    @property
-    def call_ok(self) -> bool:
-        return self.call_ms is not None and self.call_error is None and self.skipped is None
 
     @property
     def kv_gbs(self) -> float | None:

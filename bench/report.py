@@ -26,8 +26,21 @@ def split_name(split: Sequence[int]) -> str:
     return "+".join(str(c) for c in split)
 
 
+class TimedRow:
+    """What a result row's times stand for: `ok`, its kernel time (ms) was measured and checked; `call_ok`, the
+    user's call (call_ms) was too. Every matrix's row (forward, decode, backward) has these fields."""
+
+    @property
+    def ok(self) -> bool:
+        return self.ms is not None and self.error is None and self.skipped is None
+
+    @property
+    def call_ok(self) -> bool:
+        return self.call_ms is not None and self.call_error is None and self.skipped is None
+
+
 @dataclass(frozen=True)
-class Row:
+class Row(TimedRow):
     impl: str
     case: Case
     ms: float | None = None
@@ -52,14 +65,6 @@ class Row:
     @property
     def tflops(self) -> float | None:
         return self.case.flops / self.ms / 1e9 if self.ms else None
-
-    @property
-    def ok(self) -> bool:
-        return self.ms is not None and self.error is None and self.skipped is None
-
-    @property
-    def call_ok(self) -> bool:
-        return self.call_ms is not None and self.call_error is None and self.skipped is None
 
     def to_json(self) -> dict:
         c = self.case
