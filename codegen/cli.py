@@ -156,9 +156,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
                         help="with --decode: a paged cache of P-row pages (1..256, a power of two, 2 or more at D=96; "
                              "default: dense)")
-    parser.add_argument("--gather", action="store_true",
+    parser.add_argument("--gather", action=argparse.BooleanOptionalAction, default=None,
                         help="with --page-size: load the pages' rows by the producer warpgroup's cp.async (16 bytes a "
-                             "thread) instead of a TMA copy per page (for pages of a few rows; not yet run on a GPU)")
+                             "thread), or (--no-gather) by a TMA copy per page (default: gathered for pages of up to "
+                             "4 rows)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
                              ".backward()); D 64, 96 or 128 on sm_90a")
@@ -234,6 +235,7 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
 
 def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     from .families.decode_sm90 import DecodeSpec, resolve
+    from .families.decode_sm90.plan import gather_by_default
     from .spec import SpecError
 
     if args.decode < 1:
@@ -247,7 +249,7 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
                               block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size,
-                              gather=args.gather))
+                              gather=gather_by_default(args.page_size, args.gather)))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from layouts.dtypes import BY_TORCH_NAME
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
 from .families.decode_sm90 import DecodeSpec, resolve
-from .families.decode_sm90.plan import MAX_SPLITS
+from .families.decode_sm90.plan import MAX_SPLITS, gather_by_default
 from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
@@ -37,10 +37,10 @@ FEW_TILES = 8          # tiles below sms / FEW_TILES leave most SMs idle
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
-                           out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool = False):
+                           out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
-    v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (2..256 at D=96 unless gather), and
+    v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
     page_table an int32 (B, max_pages) tensor on the device whose row b lists the pages holding sequence b's keys
     in order (its capacity is max_pages * page_size; the kernel reads no entry past a sequence's last page).
 
@@ -53,8 +53,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     the returned logsumexp (B, H, S_q, float32) includes it. `num_splits` (0: chosen from the batch, the K/V
     heads, the cache's capacity and the SM count) cuts each tile's keys into that many CTAs, merged in the
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
-    `gather=True` (paged caches): the pages' rows are copied 16 bytes a thread by cp.async instead of a TMA copy per
-    page, for pages of a few rows (not yet run on a GPU: bench/LOG.md, "Decode", d7).
+    `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
+    page; None (the default) gathers pages of up to 4 rows, where a TMA copy per page is slower (bench/LOG.md,
+    "Decode", d8).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -72,7 +73,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               bool(gather))
+               gather)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
@@ -132,7 +133,7 @@ class DecodeLauncher:
         self._append_holder = dict(zip(plan.append_abi.names, self._append_args.holders))
         from .launcher import TensorMapCache
 
-        self._maps = {op: TensorMapCache(map_params[op], MAPS_PER_CACHE) for op in ("k", "v")}
+        self._maps = {op: TensorMapCache(params, MAPS_PER_CACHE) for op, params in map_params.items()}
         self._loaded = {"k": None, "v": None}
         self._workspace: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -160,7 +161,7 @@ class DecodeLauncher:
         e = q.element_size()
         with self._lock:
             h = self._holder
-            for op, cache in (("k", k_cache), ("v", v_cache)):
+            for op, cache in (("k", k_cache), ("v", v_cache)) if self._maps else ():
                 encoded = self._maps[op].get(cache.data_ptr())
                 if self._loaded[op] is not encoded:
                     import ctypes
@@ -245,7 +246,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         spec = resolve(DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
                                   dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                                   window=tuple(window) if window else (-1, -1), softcap=float(softcap),
-                                  block_n=block_n, stages=stages, page_size=page_size, gather=bool(gather)))
+                                  block_n=block_n, stages=stages, page_size=page_size,
+                                  gather=gather_by_default(page_size, gather)))
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
@@ -255,8 +257,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                          f"{MAX_GRID_YZ} limit")
     blocks = -(-capacity // spec.block_n)
     splits = num_splits or choose_splits(batch * plan.grid(batch, 1)[1], blocks, _sm_count(q.device.index or 0))
-    map_params = {}
-    for op, cache in (("k", k_cache), ("v", v_cache)):
+    map_params = {}  # a gathering kernel reads the caches by address, through no tensor map
+    for op, cache in () if spec.gather else (("k", k_cache), ("v", v_cache)):
         strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]
         try:
             if page_size:

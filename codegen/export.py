@@ -151,8 +151,8 @@ def _decode_bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
     plan, name = built.plan, built.rendered.kernel_name
     spec = plan.spec
     kernel_values = decode_context(plan)
-    operands = []
-    for op in ("k", "v"):
+    operands = []  # the K/V tensor maps; none for a kernel that gathers its pages by cp.async
+    for op in () if spec.gather else ("k", "v"):
         recipe = getattr(plan, op).tensor_map
         described = recipe.describe()
         pages = getattr(plan, f"{op}_pages")

@@ -157,13 +157,16 @@ def main() -> int:
 
     if not args.skip_export:
         # The seed's bundle (batch 2), a varlen bundle (causal, grouped-query, 4 packed sequences), and a decode
-        # bundle (paged, 4 new tokens appended, 3 sequences in 3 splits).
+        # bundle (paged, 4 new tokens appended, 3 sequences in 3 splits), and one gathering 4-row pages by cp.async.
         for label, spec_args, run_arg in (("export example", ["--shape", "1024,64,128"], "2"),
                                           ("export varlen", ["--shape", "2048,16,128", "--varlen", "--causal",
                                                              "--kv-heads", "4", "--dtype", "bf16"], "4"),
                                           ("export decode", ["--shape", "1280,32,128", "--kv-heads", "8", "--decode",
                                                              "4", "--page-size", "16", "--causal", "--dtype",
-                                                             "bf16"], "3")):
+                                                             "bf16"], "3"),
+                                          ("export gathered", ["--shape", "1280,32,128", "--kv-heads", "8", "--decode",
+                                                               "2", "--page-size", "4", "--gather", "--dtype", "bf16"],
+                                           "3")):
             t0 = time.time()
             tag = label.replace(" ", "-")
             bundle_dir = pathlib.Path("/tmp/flashgen-bundle") / tag

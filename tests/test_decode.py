@@ -20,13 +20,13 @@ def test_small_tiles_take_two_key_groups_and_an_even_ring():
     p = plan_of(heads=32, kv_heads=8, head_dim=128)
     assert (p.row_groups, p.key_groups, p.block_m, p.tiles_m, p.threads) == (1, 2, 64, 1, 384)
     assert p.spec.stages % 2 == 0 and p.spec.block_n == 128
-    assert p.abi.barriers.barriers[2].arrivals == 4  # one key group's warps release a slot
+    assert {b.name: b for b in p.abi.barriers.barriers}["KEmpty"].arrivals == 4  # one key group's warps release a slot
 
 
 def test_wide_tiles_take_two_row_groups_and_chunked_prefill_more_tiles():
     p = plan_of(heads=64, kv_heads=8, head_dim=128, q_len=16)  # 128 rows
     assert (p.row_groups, p.key_groups, p.block_m, p.tiles_m) == (2, 1, 128, 1)
-    assert p.abi.barriers.barriers[2].arrivals == 8  # both row groups read every slot
+    assert {b.name: b for b in p.abi.barriers.barriers}["KEmpty"].arrivals == 8  # both row groups read every slot
     assert plan_of(heads=16, kv_heads=4, head_dim=96, q_len=40).tiles_m == 2  # 160 rows
 
 
@@ -247,6 +247,17 @@ def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers()
     assert p.producer_regs + 2 * p.consumer_regs <= 3 * 168 and p.producer_regs > tma.producer_regs
     # D=96's 1-row pages, refused to TMA (64-byte rows put every second copy off 128 bytes), are gathered.
     assert resolve(DecodeSpec(heads=16, kv_heads=4, head_dim=96, page_size=1, gather=True)).gather
+    # A producer warp's lanes hold one row's page each: gathered blocks are at most 128 keys.
+    with pytest.raises(SpecError, match="at most 128 keys"):
+        resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=64, page_size=4, gather=True, block_n=192))
+
+
+def test_small_pages_are_gathered_unless_the_caller_says_otherwise():
+    from codegen.families.decode_sm90.plan import GATHER_MAX_PAGE_ROWS, gather_by_default
+
+    assert [gather_by_default(p) for p in (0, 1, 2, 4, 8, 16, 256)] == [False, True, True, True, False, False, False]
+    assert GATHER_MAX_PAGE_ROWS == 4
+    assert gather_by_default(1, False) is False and gather_by_default(16, True) is True
 
 
 @pytest.mark.parametrize("dim", [64, 96, 128, 256])
@@ -273,4 +284,4 @@ def test_gathered_kernels_fence_the_generic_writes_before_the_wgmma():
     assert "constexpr bool kGather = true;" in gathered and "constexpr bool kGather = false;" in tma
     assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in gathered
     assert "if constexpr (cfg::kGather) fence_proxy_async();" in gathered
-    assert "regs_dec<32>" in gathered and "regs_inc<232>" in gathered and "regs_dec<24>" in tma
+    assert "regs_dec<40>" in gathered and "regs_inc<232>" in gathered and "regs_dec<24>" in tma

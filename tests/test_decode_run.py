@@ -42,8 +42,8 @@ def test_decode_run_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, monke
 @pytest.mark.parametrize("args, message", [(["--shape", "0,32,128"], "at least one row"),
                                            (["--batch", "0"], "--batch must be at least 1"),
                                            (["--page-size", "3"], "page_size 3"),
-                                           (["--shape", "1000,16,96", "--kv-heads", "4", "--page-size", "1"],
-                                            "128-byte aligned"),
+                                           (["--shape", "1000,16,96", "--kv-heads", "4", "--page-size", "1",
+                                             "--no-gather"], "128-byte aligned"),
                                            (["--gather"], "it needs a page_size")])
 def test_bad_decode_runs_are_one_line(args, message, tmp_path, capsys):
     assert gen.main(DECODE + args + ["--out", str(tmp_path / "out"), "--run"]) == 2
@@ -81,8 +81,9 @@ def test_decode_run_builds_then_runs_the_spec_it_emitted(extra, page, fake_gpu, 
     out = capsys.readouterr().out
     assert "generating flashgen_decode_" in out and "  run        fake: PASS" in out
     ((torch, spec, batch, capacity),) = fake_gpu
+    # Pages of up to 4 rows are gathered by default (plan.gather_by_default).
     want = resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=2, dtype="bf16", page_size=page,
-                              causal="--causal" in extra))
+                              causal="--causal" in extra, gather=0 < page <= 4))
     assert (torch.__name__, spec, batch, capacity) == ("torch", want, 3, 1000)
     assert (tmp_path / f"{spec.name}.cu").is_file()
 

@@ -183,11 +183,14 @@ def test_decode_launcher_follows_both_abis(spec, tmp_path):
     assert ", ".join(p.launcher for p in plan.abi.params) + ");" in launcher
     assert ", ".join(p.launcher for p in plan.append_abi.params) + ");" in launcher
     assert f"<<<dim3(splits, {plan.grid(1, 1)[1]}, batch), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher
+    example = (tmp_path / "example.cu").read_text()
+    assert f"kPageRows = {plan.spec.page_size};" in example and "reference<<<" in example
+    if plan.spec.gather:  # its cp.async reads the caches by address: no tensor map is encoded
+        assert "encode_k(" not in launcher and "TmaDesc maps[2] = {};" in launcher
+        return
     pages = plan.k_pages
     box = pages.box if pages else plan.k.tensor_map.box
     assert "const cuuint32_t box[5] = {" + ", ".join(map(str, box)) + "};" in launcher
-    example = (tmp_path / "example.cu").read_text()
-    assert f"kPageRows = {plan.spec.page_size};" in example and "reference<<<" in example
     # The K/V maps' L2 promotion is the family's (128 B, where the forward's maps take 256), as the launcher's
     promotion = TMA_L2_PROMOTION_NAMES[KV_L2_PROMOTION_BYTES]
     assert launcher.count(promotion + ",") == 2 and "CU_TENSOR_MAP_L2_PROMOTION_L2_256B" not in launcher

@@ -30,9 +30,14 @@ THREADS_PER_WARPGROUP = 128
 WARPS_PER_WARPGROUP = 4
 MAX_CONSUMERS = 2  # warpgroups of 64 rows; a tile holds up to 128 packed rows
 PRODUCER_REGS, CONSUMER_REGS = 24, 240  # setmaxnreg split with two consumers (as the forward family's)
-# A gathering producer warpgroup computes a source address per 16 bytes: 24 registers spilled there, so it takes
-# 32 and the consumers 232 (the split must stay within the 504 a 384-thread CTA is launched with).
-GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 32, 232
+# A gathering producer warpgroup computes a source address per 16 bytes: 24 registers spilled there (and 32 at
+# D=96 with 128 rows), so it takes 40 and the consumers 232 (40 + 2 x 232: the 504 a 384-thread CTA launches with).
+GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
+MAX_GATHER_BLOCK_N = 128  # the producer's 4 warps x 32 lanes, a lane holding one row's page
+# Pages of at most this many rows are gathered unless the caller says otherwise: at 32 x 8k (shuffled pages against
+# cuDNN's dense cache) 1-row pages 0.76x cuDNN gathered, 0.13x by a TMA copy per page; 4-row 0.65x against 0.42x;
+# 8-row 0.67x against 0.72x; 16-row 0.69x against 0.95x (bench/LOG.md, "Decode", d8).
+GATHER_MAX_PAGE_ROWS = 4
 SMEM_LIMIT = 227 * 1024
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
@@ -152,6 +157,9 @@ class SmemMap:
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
     spec = spec.replace(block_n=block_n)
+    if spec.gather and block_n > MAX_GATHER_BLOCK_N:
+        raise SpecError(f"{spec.name}: a gathered block is at most {MAX_GATHER_BLOCK_N} keys (a lane of each producer "
+                        f"warp holds one row's page), got block_n {block_n}")
     # With two key groups, block j goes to group j % 2 and sits in slot j % stages: an even ring gives each group
     # slots of its own. An odd one would have a group wait on a slot's next phase while the other group's block
     # before it is still landing, and pass on the older phase of the same parity (a ring of 3 faulted so).
@@ -393,6 +401,14 @@ def _sixteen_byte_run(tile: layouts.OperandDerivation, dim: str, use: str) -> in
     if elems * tile.elem_bytes != 16:
         raise SpecError(f"the {tile.operand.upper()} tile keeps only {run} elements contiguous; {use} needs 16 bytes")
     return elems
+
+
+def gather_by_default(page_size: int, gather: bool | None = None) -> bool:
+    """Whether a paged cache's rows are gathered by cp.async: `gather` where the caller chose, else for pages of at
+    most GATHER_MAX_PAGE_ROWS rows."""
+    if gather is not None:
+        return bool(gather)
+    return 0 < page_size <= GATHER_MAX_PAGE_ROWS
 
 
 def make_plan(spec: DecodeSpec) -> Plan:
