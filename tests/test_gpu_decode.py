@@ -276,13 +276,15 @@ def test_small_pages_with_masks_softcap_and_sinks(page, options):
         run_paged_and_check(q, k, v, lengths, page, num_splits=splits, sinks=sinks, **options)
 
 
-def test_one_row_pages_at_d96_are_refused_before_any_launch():
+def test_one_row_pages_at_d96_are_gathered_by_default_and_refused_to_tma():
     k, v = make_cache(1, 64, 4, 96, [64], torch.bfloat16)
     pk, table = to_pages(k, 1)
     pv, _ = to_pages(v, 1)
     q = torch.randn(1, 1, 16, 96, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(InputError, match="128-byte aligned"):
-        attention_with_kvcache(q, pk, pv, torch.tensor([64], dtype=torch.int32, device="cuda"), page_table=table)
+        attention_with_kvcache(q, pk, pv, torch.tensor([64], dtype=torch.int32, device="cuda"), page_table=table,
+                               gather=False)
+    run_paged_and_check(q, k, v, [64], 1, gather=None)  # pages of up to 4 rows are gathered unless told otherwise
 
 
 @pytest.mark.parametrize("extra", [[], ["--page-size", "4"], ["--page-size", "1", "--causal"],
