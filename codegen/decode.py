@@ -8,6 +8,7 @@ is made on the first call of a signature and found by a tuple of it afterwards, 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import threading
@@ -135,6 +136,11 @@ class DecodeLauncher:
 
         self._maps = {op: TensorMapCache(params, MAPS_PER_CACHE) for op, params in map_params.items()}
         self._loaded = {"k": None, "v": None}
+        # What every call of this launcher shares (the call's key fixes them), looked up once.
+        self._threads, self._gathered = plan.threads, plan.spec.gather
+        self._elem_bytes = plan.spec.elem_bytes
+        self._append_grid, self._append_threads = plan.append_grid(batch), plan.append_threads
+        self._strides_set = False
         self._workspace: dict[int, tuple] = {}
         self._lock = threading.Lock()
 
@@ -157,43 +163,52 @@ class DecodeLauncher:
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
         from .launcher import launch_now
 
-        ws_o, ws_lse, counter = self._workspace_for(stream, q.device)
-        e = q.element_size()
+        ws_o, ws_lse, counter = self._workspace.get(stream) or self._workspace_for(stream, q.device)
         with self._lock:
             h = self._holder
             for op, cache in (("k", k_cache), ("v", v_cache)) if self._maps else ():
                 encoded = self._maps[op].get(cache.data_ptr())
                 if self._loaded[op] is not encoded:
-                    import ctypes
-
-                    from . import driver
-
-                    ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, driver.TENSOR_MAP_BYTES)
+                    ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, len(encoded))
                     self._loaded[op] = encoded
-            gathered = (("k_cache", k_cache), ("v_cache", v_cache)) if self.plan.spec.gather else ()
-            for name, t in (("q", q), ("o", o)) + gathered:
-                h[f"{name}_gmem"].value = t.data_ptr()
-                h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
-                    t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+            if not self._strides_set:  # the call's key holds every stride but o's: set once
+                self._set_strides(q, k_cache, v_cache, k_new, v_new, page_table)
+            e = self._elem_bytes
+            h["q_gmem"].value, h["o_gmem"].value = q.data_ptr(), o.data_ptr()
+            h["o_batch_bytes"].value, h["o_row_bytes"].value, h["o_head_bytes"].value = (
+                o.stride(0) * e, o.stride(1) * e, o.stride(2) * e)  # `out` may be any 16-byte strides
+            if self._gathered:
+                h["k_cache_gmem"].value, h["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
             h["lse_out"].value = 0 if lse is None else lse.data_ptr()
             h["cache_seqlens"].value = cache_seqlens.data_ptr()
-            pages, pages_stride = (0, 0) if page_table is None else (page_table.data_ptr(), page_table.stride(0))
-            h["page_table"].value, h["page_table_stride"].value = pages, pages_stride
-            h["new_tokens"].value = 0 if k_new is None else q.shape[1]
+            pages = 0 if page_table is None else page_table.data_ptr()
+            h["page_table"].value = pages
             h["sinks"].value = 0 if sinks is None else sinks.data_ptr()
-            h["ws_o"].value, h["ws_lse"].value, h["split_counter"].value = (
-                ws_o.data_ptr(), ws_lse.data_ptr(), counter.data_ptr())
+            h["ws_o"].value, h["ws_lse"].value, h["split_counter"].value = ws_o.data_ptr(), ws_lse.data_ptr(), counter.data_ptr()
             if k_new is not None:
                 a = self._append_holder
-                for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
-                    a[f"{name}_gmem"].value = t.data_ptr()
-                    a[f"{name}_batch_bytes"].value, a[f"{name}_row_bytes"].value, a[f"{name}_head_bytes"].value = (
-                        t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
-                a["cache_seqlens"].value = cache_seqlens.data_ptr()
-                a["page_table"].value, a["page_table_stride"].value = pages, pages_stride
-                launch_now(self.append_kernel, self.plan.append_grid(self.batch), self.plan.append_threads, stream,
-                           self._append_args)
-            launch_now(self.kernel, self.grid, self.plan.threads, stream, self._args)
+                a["k_new_gmem"].value, a["v_new_gmem"].value = k_new.data_ptr(), v_new.data_ptr()
+                a["k_cache_gmem"].value, a["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
+                a["cache_seqlens"].value, a["page_table"].value = cache_seqlens.data_ptr(), pages
+                launch_now(self.append_kernel, self._append_grid, self._append_threads, stream, self._append_args)
+            launch_now(self.kernel, self.grid, self._threads, stream, self._args)
+
+    def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
+        """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""
+        e, h = self._elem_bytes, self._holder
+        named = (("q", q),) + ((("k_cache", k_cache), ("v_cache", v_cache)) if self._gathered else ())
+        for name, t in named:
+            h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
+                t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+        h["page_table_stride"].value = 0 if page_table is None else page_table.stride(0)
+        h["new_tokens"].value = 0 if k_new is None else q.shape[1]
+        if k_new is not None:
+            a = self._append_holder
+            for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
+                a[f"{name}_batch_bytes"].value, a[f"{name}_row_bytes"].value, a[f"{name}_head_bytes"].value = (
+                    t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+            a["page_table_stride"].value = h["page_table_stride"].value
+        self._strides_set = True
 
 
 @functools.lru_cache(maxsize=64)
