@@ -154,8 +154,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
                              "a KV cache; S in --shape is then the cache's capacity, a run-time value")
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
-                        help="with --decode: a paged cache of P-row pages (1..256, a power of two, 2 or more at D=96; "
-                             "default: dense)")
+                        help="with --decode: a paged cache of P-row pages (1..256, a power of two; default: dense)")
     parser.add_argument("--gather", action=argparse.BooleanOptionalAction, default=None,
                         help="with --page-size: load the pages' rows by the producer warpgroup's cp.async (16 bytes a "
                              "thread), or (--no-gather) by a TMA copy per page (default: gathered for pages of up to "
