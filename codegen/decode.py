@@ -163,7 +163,7 @@ class DecodeLauncher:
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
         from .launcher import launch_now
 
-        ws_o, ws_lse, counter = self._workspace.get(stream) or self._workspace_for(stream, q.device)
+        ws_o, ws_lse, counter = self._workspace_for(stream, q.device)
         with self._lock:
             h = self._holder
             for op, cache in (("k", k_cache), ("v", v_cache)) if self._maps else ():
@@ -173,10 +173,8 @@ class DecodeLauncher:
                     self._loaded[op] = encoded
             if not self._strides_set:  # the call's key holds every stride but o's: set once
                 self._set_strides(q, k_cache, v_cache, k_new, v_new, page_table)
-            e = self._elem_bytes
             h["q_gmem"].value, h["o_gmem"].value = q.data_ptr(), o.data_ptr()
-            h["o_batch_bytes"].value, h["o_row_bytes"].value, h["o_head_bytes"].value = (
-                o.stride(0) * e, o.stride(1) * e, o.stride(2) * e)  # `out` may be any 16-byte strides
+            self._set_byte_strides(h, "o", o)  # `out` may be any 16-byte strides
             if self._gathered:
                 h["k_cache_gmem"].value, h["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
             h["lse_out"].value = 0 if lse is None else lse.data_ptr()
@@ -195,20 +193,23 @@ class DecodeLauncher:
 
     def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
         """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""
-        e, h = self._elem_bytes, self._holder
-        named = (("q", q),) + ((("k_cache", k_cache), ("v_cache", v_cache)) if self._gathered else ())
-        for name, t in named:
-            h[f"{name}_batch_bytes"].value, h[f"{name}_row_bytes"].value, h[f"{name}_head_bytes"].value = (
-                t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+        h = self._holder
+        for name, t in (("q", q),) + ((("k_cache", k_cache), ("v_cache", v_cache)) if self._gathered else ()):
+            self._set_byte_strides(h, name, t)
         h["page_table_stride"].value = 0 if page_table is None else page_table.stride(0)
         h["new_tokens"].value = 0 if k_new is None else q.shape[1]
         if k_new is not None:
             a = self._append_holder
             for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
-                a[f"{name}_batch_bytes"].value, a[f"{name}_row_bytes"].value, a[f"{name}_head_bytes"].value = (
-                    t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
+                self._set_byte_strides(a, name, t)
             a["page_table_stride"].value = h["page_table_stride"].value
         self._strides_set = True
+
+    def _set_byte_strides(self, holders, name: str, t) -> None:
+        """A strided tensor's (batch, row, head) byte strides into its three ABI parameters."""
+        e = self._elem_bytes
+        holders[f"{name}_batch_bytes"].value, holders[f"{name}_row_bytes"].value, holders[f"{name}_head_bytes"].value = (
+            t.stride(0) * e, t.stride(1) * e, t.stride(2) * e)
 
 
 @functools.lru_cache(maxsize=64)
@@ -222,7 +223,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather=False) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 

@@ -285,3 +285,50 @@ def test_gathered_kernels_fence_the_generic_writes_before_the_wgmma():
     assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in gathered
     assert "if constexpr (cfg::kGather) fence_proxy_async();" in gathered
     assert "regs_dec<40>" in gathered and "regs_inc<232>" in gathered and "regs_dec<24>" in tma
+
+
+class _Tensor:
+    """What DecodeLauncher reads of a tensor: its address, strides (in elements) and shape."""
+
+    device = "cuda:0"
+
+    def __init__(self, address: int, strides: tuple = (), shape: tuple = (2, 3, 32, 128)):
+        self.address, self.strides, self.shape = address, strides, shape
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def stride(self, axis: int) -> int:
+        return self.strides[axis]
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gather, monkeypatch):
+    from codegen import decode, launcher
+
+    launches = []
+    monkeypatch.setattr(launcher, "launch_now", lambda kernel, grid, threads, stream, args: launches.append(kernel))
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=3, page_size=4, gather=gather))
+    call = decode.DecodeLauncher(built, "attend", "append", {} if gather else {"k": None, "v": None}, 2, 1, 0.1)
+    if not gather:  # the TMA kernel's maps, one encoding per cache address
+        call._maps = {op: type("Maps", (), {"get": lambda self, address: bytes(128)})() for op in ("k", "v")}
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+    q, k, v = _Tensor(100, (999, 99, 9)), _Tensor(300, (1000, 100, 10)), _Tensor(400, (2000, 200, 20))
+    k_new, v_new, table = _Tensor(500, (11, 12, 13)), _Tensor(600, (21, 22, 23)), _Tensor(700, (77,))
+    for o, lengths in ((_Tensor(200, (555, 55, 5)), _Tensor(800)), (_Tensor(201, (444, 44, 4)), _Tensor(801))):
+        call(0, q, k, v, lengths, k_new, v_new, None, o, None, table)
+        h = {name: holder.value for name, holder in call._holder.items() if hasattr(holder, "value")}
+        a = {name: holder.value for name, holder in call._append_holder.items()}
+        e = 2  # bf16 bytes
+        assert (h["q_gmem"], h["q_batch_bytes"], h["q_row_bytes"], h["q_head_bytes"]) == (100, 999 * e, 99 * e, 9 * e)
+        # out= may change its strides from call to call; the other strides are fixed by the call's key.
+        assert (h["o_gmem"], h["o_batch_bytes"], h["o_row_bytes"], h["o_head_bytes"]) == (
+            o.address, o.strides[0] * e, o.strides[1] * e, o.strides[2] * e)
+        assert (h["cache_seqlens"], h["page_table"], h["page_table_stride"], h["new_tokens"]) == (lengths.address, 700, 77, 3)
+        assert (h["ws_o"], h["ws_lse"], h["split_counter"], h["lse_out"], h["sinks"]) == (7, 8, 9, 0, 0)
+        if gather:
+            assert (h["k_cache_gmem"], h["v_cache_gmem"], h["v_cache_row_bytes"]) == (300, 400, 200 * e)
+        assert (a["k_new_gmem"], a["v_new_head_bytes"], a["k_cache_gmem"], a["k_cache_batch_bytes"]) == (
+            500, 23 * e, 300, 1000 * e)
+        assert (a["cache_seqlens"], a["page_table"], a["page_table_stride"]) == (lengths.address, 700, 77)
+    assert launches == ["append", "attend"] * 2
