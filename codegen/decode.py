@@ -125,6 +125,10 @@ class DecodeLauncher:
         plan = built.plan
         self.plan, self.map_params, self.batch, self.splits = plan, map_params, batch, splits
         self.grid = plan.grid(batch, splits)
+        from .launcher import ClusterLaunch, TensorMapCache
+
+        self.cluster = plan.cluster_dims(splits)  # a tile's splits as one cluster, started together
+        self._cluster_launch = ClusterLaunch(kernel, self.grid, plan.threads, self.cluster) if self.cluster else None
         values = {p.name: 0 for p in plan.abi.params}
         values.update(tmap_k=bytes(driver.TENSOR_MAP_BYTES), tmap_v=bytes(driver.TENSOR_MAP_BYTES), splits=splits,
                       scale_log2=float(scale * LOG2E))
@@ -132,8 +136,6 @@ class DecodeLauncher:
         self._holder = dict(zip(plan.abi.names, self._args.holders))
         self._append_args = plan.append_abi.pack({p.name: 0 for p in plan.append_abi.params})
         self._append_holder = dict(zip(plan.append_abi.names, self._append_args.holders))
-        from .launcher import TensorMapCache
-
         self._maps = {op: TensorMapCache(params, MAPS_PER_CACHE) for op, params in map_params.items()}
         self._loaded = {"k": None, "v": None}
         # What every call of this launcher shares (the call's key fixes them), looked up once.
@@ -189,7 +191,10 @@ class DecodeLauncher:
                 a["k_cache_gmem"].value, a["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
                 a["cache_seqlens"].value, a["page_table"].value = cache_seqlens.data_ptr(), pages
                 launch_now(self.append_kernel, self._append_grid, self._append_threads, stream, self._append_args)
-            launch_now(self.kernel, self.grid, self._threads, stream, self._args)
+            if self._cluster_launch is not None:
+                self._cluster_launch(stream, self._args)
+            else:
+                launch_now(self.kernel, self.grid, self._threads, stream, self._args)
 
     def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
         """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""

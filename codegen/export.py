@@ -146,7 +146,7 @@ def bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
 def _decode_bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
     """The decode kernel's bundle: its launcher encodes the K/V cache maps (dense, or the paged loads' box)."""
     from .families.decode_sm90 import append_name, context as decode_context
-    from .families.decode_sm90.plan import MAX_SPLITS
+    from .families.decode_sm90.plan import MAX_CLUSTER_SPLITS, MAX_SPLITS
 
     plan, name = built.plan, built.rendered.kernel_name
     spec = plan.spec
@@ -170,7 +170,8 @@ def _decode_bundle_files(built: BuiltKernel) -> dict[str, str | bytes]:
         "softcap_c": kernel_values["softcap_c"], "page_rows": spec.page_size, "dtype": spec.dtype,
         "dtype_c": DTYPES[spec.dtype].c, "elem_bytes": spec.elem_bytes, "tma_dtype": TMA_DTYPE_NAMES[spec.dtype],
         "operands": operands, "smem_bytes": plan.smem.total, "threads": plan.threads, "block_m": plan.block_m,
-        "grid_y": plan.grid(1, 1)[1], "max_splits": MAX_SPLITS, "example_capacity": capacity,
+        "grid_y": plan.grid(1, 1)[1], "max_splits": MAX_SPLITS,
+        "max_cluster_splits": MAX_CLUSTER_SPLITS, "example_capacity": capacity,
         "tolerance": _EXAMPLE_TOLERANCE[spec.dtype],
     }
     env = environment()

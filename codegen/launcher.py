@@ -40,18 +40,49 @@ class _Lib:
         self.launch = lib.cuLaunchKernel
         self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.launch.restype = ctypes.c_int
+        self.launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # CUDA 12 and later
+        if self.launch_ex is not None:
+            self.launch_ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            self.launch_ex.restype = ctypes.c_int
 
 
-_lib_launch = _lib_set_ctx = None
+# cuLaunchKernelEx's configuration (CUDA driver API, cuda.h: CUlaunchConfig, CUlaunchAttribute), for cluster launches.
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+
+
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", _Dim3)]
+
+
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", _Dim3), ("block", _Dim3), ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
+
+
+assert ctypes.sizeof(_LaunchAttr) == 72  # an id, 4 bytes of padding, a 64-byte union
+assert _LaunchConfig.stream.offset == 32  # seven unsigned ints, then the stream at 8-byte alignment
+assert ctypes.sizeof(_LaunchConfig) == 56
+
+
+_lib_launch = _lib_set_ctx = _lib_launch_ex = None
 _counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (tensor, its address)
 _counter_lock = threading.Lock()
 
 
 def _load_driver_lib() -> None:
-    global _lib_launch, _lib_set_ctx
+    global _lib_launch, _lib_set_ctx, _lib_launch_ex
     if _lib_launch is None:
         lib = _Lib()
         _lib_launch, _lib_set_ctx = lib.launch, getattr(lib, "set_ctx", None)
+        _lib_launch_ex = getattr(lib, "launch_ex", None)
 
 
 _captured: list = []  # counters of captured launches: alive as long as a graph may replay them
@@ -150,3 +181,29 @@ def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args
         from cuda.bindings import driver as cu
 
         driver.check((cu.CUresult(err),), "cuLaunchKernel")
+
+
+class ClusterLaunch:
+    """A loaded kernel's cuLaunchKernelEx configuration with its CTAs in clusters of `cluster` (which divides
+    `grid`), built once: a launch sets the stream and passes the packed arguments."""
+
+    def __init__(self, kernel, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int]):
+        assert all(g % c == 0 for g, c in zip(grid, cluster)), (grid, cluster)
+        _load_driver_lib()
+        if _lib_launch_ex is None:
+            raise RuntimeError("a cluster launch needs libcuda's cuLaunchKernelEx (CUDA 12 or later)")
+        self.kernel, self.cluster = kernel, cluster
+        self._attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        self._attr.value.cluster_dim = _Dim3(*cluster)
+        self._config = _LaunchConfig(grid=_Dim3(*grid), block=_Dim3(block, 1, 1), shared_mem_bytes=kernel.dynamic_smem,
+                                     attrs=ctypes.pointer(self._attr), num_attrs=1)
+        self._config_address = ctypes.addressof(self._config)
+
+    def __call__(self, stream: int, args) -> None:
+        self._config.stream = stream
+        _lib_set_ctx(self.kernel.context_handle)
+        err = _lib_launch_ex(self._config_address, self.kernel.function_handle, args.address, None)
+        if err:
+            from cuda.bindings import driver as cu
+
+            driver.check((cu.CUresult(err),), "cuLaunchKernelEx")

@@ -8,18 +8,23 @@ from dataclasses import dataclass
 
 import jinja2
 
+from layouts import mma as layouts_mma
+
 from .cuda_env import templates_dir
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=False,
         lstrip_blocks=False,
     )
+    # Hardware limits every family's templates share (macros imported without context see globals).
+    env.globals["descriptor_field_limit"] = layouts_mma.FIELD_LIMIT
+    return env
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -332,3 +333,51 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
             500, 23 * e, 300, 1000 * e)
         assert (a["cache_seqlens"], a["page_table"], a["page_table_stride"]) == (lengths.address, 700, 77)
     assert launches == ["append", "attend"] * 2
+
+
+def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatch):
+    from codegen import decode, launcher
+    from codegen.families.decode_sm90.plan import MAX_CLUSTER_SPLITS
+
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128))
+    plan = built.plan
+    assert MAX_CLUSTER_SPLITS == 8  # the portable cluster size (CUDA programming guide: thread block clusters)
+    assert [plan.cluster_dims(n) for n in (1, 2, 3, 8, 9, 16)] == [None, (2, 1, 1), (3, 1, 1), (8, 1, 1), None, None]
+    assert plan.grid(3, 5)[0] == 5  # the grid's x is the split, so a cluster of x holds one tile's splits
+    clusters, plain = [], []
+
+    class FakeClusterLaunch:
+        def __init__(self, kernel, grid, block, cluster):
+            self.shape = (kernel, grid, block, cluster)
+
+        def __call__(self, stream, args):
+            clusters.append(self.shape)
+
+    monkeypatch.setattr(launcher, "ClusterLaunch", FakeClusterLaunch)
+    monkeypatch.setattr(launcher, "launch_now", lambda kernel, grid, threads, stream, args: plain.append((kernel, grid)))
+    q, o = _Tensor(100, (999, 99, 9)), _Tensor(200, (555, 55, 5))
+    for splits in (1, 4, 16):
+        call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1)
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+        call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
+    assert clusters == [("attend", plan.grid(2, 4), plan.threads, (4, 1, 1))]
+    assert plain == [("attend", plan.grid(2, 1)), ("attend", plan.grid(2, 16))]
+
+
+def test_only_the_cluster_launched_family_masks_descriptor_addresses_to_the_field():
+    from codegen.families.decode_sm90 import context
+    from layouts import mma
+
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128))
+    mask = f"(tile & {mma.FIELD_LIMIT - 1:#x}u)"
+    assert f"return desc + ({mask} >> {built.plan.desc_address_shift}); }}" in built.rendered.source
+    forward = next(Path("generated").glob("flashgen_fwd_*.cu")).read_text()
+    assert "u64 desc_at" in forward and mask not in forward  # no cluster launch there: no extra instruction
+    # P V's descriptor reaches V's second 64-column block through its leading-byte offset. A shared address with
+    # bits above the field's (a CTA of a cluster) must move the start address only.
+    v0 = context(built.plan)["v_desc"][0]
+    lbo = mma.SmemDescriptor.decode("wgmma", v0).lbo
+    address = (1 << 24) | 0x14000
+    moved = mma.SmemDescriptor.decode("wgmma", v0 + ((address & (mma.FIELD_LIMIT - 1)) >> 4))
+    assert (moved.start_address, moved.lbo) == (0x14000, lbo) and lbo == 128 * 128
+    assert mma.SmemDescriptor.decode("wgmma", v0 + (address >> 4)).lbo != lbo  # unmasked: the offset moves

@@ -115,11 +115,16 @@ def test_append_writes_the_new_tokens_and_nothing_else(new):
 
 
 def test_every_split_count_up_to_the_blocks_agrees():
+    from codegen import decode
+
     lengths = [1000, 517]
     k, v = make_cache(2, 1000, 8, 128, lengths, torch.bfloat16, seed=4)
     q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     for splits in (1, 2, 3, 8, 16, 128):  # 128: most splits see no block at all
         run_and_check(q, k, v, lengths, num_splits=splits)
+        # 2..8 splits launch as one cluster per tile (the shared addresses there carry bits above 17).
+        launchers = [c for c in decode._LAUNCHERS.values() if c.splits == splits]
+        assert launchers and all(c.cluster == ((splits, 1, 1) if 1 < splits <= 8 else None) for c in launchers)
 
 
 def test_repeated_calls_reuse_the_launcher():

@@ -47,6 +47,11 @@ MIN_STAGES, MAX_STAGES = 2, 8
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 APPEND_SUFFIX = "_append"  # the append kernel's name: the attention kernel's and this
 MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the workspace is sized by them)
+# Up to this many splits of a tile (the portable cluster size) launch as one thread-block cluster: they start
+# together on one GPC, and merge after the cluster barrier (each split a share of the tile's elements) instead of
+# a fence, a counter and the last split merging alone. B=1 x 2k, 8 splits: 8.00 -> 6.96 us (bench/LOG.md,
+# "Decode", d10); merging in CTA 0's shared memory over DSMEM measured slower (8.36 us).
+MAX_CLUSTER_SPLITS = 8
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
 # most a TMA box). Pages of 1 row are refused to TMA at D=96, whose 64-byte rows would put every second page's
 # TMA destination off the 128 bytes tensor copies need; gathered (DecodeSpec.gather) they load.
@@ -369,6 +374,14 @@ class Plan:
 
     def grid(self, batch: int, splits: int) -> tuple[int, int, int]:
         return self.abi.grid.dims(tiles_m=splits, batch=batch)
+
+    def cluster_dims(self, splits: int) -> tuple[int, int, int] | None:
+        """A launch's cluster shape: a tile's splits as one cluster (the grid's x is the split), or None for a
+        plain launch (one split, or more than MAX_CLUSTER_SPLITS)."""
+        if not 1 < splits <= MAX_CLUSTER_SPLITS:
+            return None
+        assert self.grid(1, splits)[0] == splits, "a tile's splits are the grid's x"
+        return (splits, 1, 1)
 
     def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
         """The append kernel, launched before the attention kernel when the step brings new tokens."""

@@ -18,7 +18,8 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
   (its wgmma waited) each warp releases KEmpty[s]; then VFull[s], PV, VEmpty[s]. Every row group reads every
   block it is given, so a slot's release counts 4 x row_groups arrivals. With `tail`, the last block holds the
   sequence's end and its V rows past it are zeroed by each reader (zero_v_tail) before its PV.
-* Q: each row group's tile is written by its key groups together, then a named-barrier rendezvous (load_q).
+* Q: each row group's tile is written by its key groups together (copy_q, at kernel entry), then a named-barrier
+  rendezvous (wait_q), whether or not the split has key blocks.
 * With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment and logsumexps over
   the K/V ring memory and signals, the first syncs and reads them.
 
@@ -66,10 +67,9 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
     for c in range(plan.consumers):
         rg, kg = c % rows, c // rows
         steps = []
-        if count > 0:  # load_q: the row group's key groups write its Q tile together, then sync
-            steps.append(use(f"write Q {rg} {kg}"))
-            if keys > 1:
-                steps += _rendezvous(f"RowGroup{rg}.q", kg, 1 - kg)
+        steps.append(use(f"write Q {rg} {kg}"))  # copy_q, wait_q: the row group's key groups fill its Q tile, then sync
+        if keys > 1:
+            steps += _rendezvous(f"RowGroup{rg}.q", kg, 1 - kg)
         for j in range(kg, count, keys):
             s, lap = j % stages, j // stages
             steps += [wait(f"KFull[{s}]", lap), use(f"QK {c} {j} {s}"), use(f"QK done {c} {j}"),
