@@ -159,6 +159,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="with --page-size: load the pages' rows by the producer warpgroup's cp.async (16 bytes a "
                              "thread), or (--no-gather) by a TMA copy per page (default: gathered for pages of up to "
                              "4 rows)")
+    parser.add_argument("--ctas-per-sm", type=int, default=1, choices=(1, 2),
+                        help="with --decode: 1 (default) runs two consumer warpgroups per CTA; 2 one per CTA, two CTAs "
+                             "per SM (tiles of at most 64 packed rows, D <= 128; what attention_with_kvcache picks "
+                             "where the tiles fill the SMs)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
                              ".backward()); D 64, 96 or 128 on sm_90a")
@@ -208,8 +212,8 @@ def _spec_from(args):
         return _backward_spec_from(args, s, h, d, window)
     if getattr(args, "deterministic", False):
         raise SpecError("--deterministic is for the backward kernels: add --backward")
-    if getattr(args, "page_size", 0) or getattr(args, "gather", False):
-        raise SpecError("--page-size and --gather are for the decode kernel: add --decode S_Q")
+    if getattr(args, "page_size", 0) or getattr(args, "gather", False) or getattr(args, "ctas_per_sm", 1) != 1:
+        raise SpecError("--page-size, --gather and --ctas-per-sm are for the decode kernel: add --decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
@@ -221,7 +225,8 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
     from .spec import SpecError
 
     for flag, given in (("--split", args.split), ("--block-n", args.block_n), ("--varlen", args.varlen),
-                        ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather)):
+                        ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather),
+                        ("--ctas-per-sm", args.ctas_per_sm != 1)):
         if given:
             raise SpecError(f"{flag} does not apply to the backward kernels (--backward)"
                             + ("; sinks need nothing of them (the forward's logsumexp carries them)"
@@ -248,7 +253,7 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
                               block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size,
-                              gather=gather_by_default(args.page_size, args.gather)))
+                              gather=gather_by_default(args.page_size, args.gather), ctas_per_sm=args.ctas_per_sm))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -18,10 +18,10 @@ from layouts.dtypes import BY_TORCH_NAME
 
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
-from .families.decode_sm90 import DecodeSpec, resolve
-from .families.decode_sm90.plan import MAX_SPLITS, gather_by_default
+from .families.decode_sm90 import DecodeSpec, Plan, resolve
+from .families.decode_sm90.plan import CTAS_PER_SM, MAX_SPLITS, TWO_CTA_BLOCK_N, gather_by_default
 from .families.fwd_sm90.abi import LOG2E
-from .spec import SpecError
+from .spec import ROWS_PER_CONSUMER, SpecError
 
 MAX_GRID_YZ = 65535
 # Tensor maps remembered per cache operand: a model's layers share one launcher (same shapes) but each has its
@@ -33,12 +33,14 @@ _LAUNCHERS: dict = {}
 MIN_BLOCKS_PER_SPLIT = 2
 SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
 FEW_TILES = 8          # tiles below sms / FEW_TILES leave most SMs idle
+TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
-                           out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None):
+                           out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None,
+                           ctas_per_sm: int = 0):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
@@ -56,7 +58,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
     `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
     page; None (the default) gathers pages of up to 4 rows, where a TMA copy per page is slower (bench/LOG.md,
-    "Decode", d8).
+    "Decode", d8). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two CTAs
+    per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each.
+    `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth.
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -74,13 +78,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather)
+               gather, ctas_per_sm)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
-                                  window, softcap, sinks, num_splits, block_n, stages, gather)
+                                  window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm)
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -100,6 +104,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table)
     return (o, lse) if return_lse else o
+
+
+def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> int:
+    """CTAs per SM for `tiles` tiles of `splits` splits each: two (one consumer warpgroup each) where one-split tiles
+    fill the SMs and the tile fits that layout, for a paged cache at any count and for a dense one up to
+    TWO_CTA_MAX_WAVES waves; one (two consumers sharing a CTA's loads) elsewhere. Measured against cuDNN in one
+    process (bench/LOG.md, "Decode", d11): 32 x 2k 0.970x -> 1.004x, pages of 4 0.720x -> 0.927x, of 16 0.952x ->
+    0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
+    fits = spec.rows <= ROWS_PER_CONSUMER and spec.head_dim in TWO_CTA_BLOCK_N
+    waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
+    return 2 if fits and splits == 1 and tiles >= sms and waves_ok else 1
 
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
@@ -228,7 +243,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather, ctas_per_sm) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -258,26 +273,33 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     if not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
         raise InputError(f"num_splits must be 0 (chosen for the shape) or 1..{MAX_SPLITS}, got {num_splits!r}")
+    if ctas_per_sm not in (0,) + CTAS_PER_SM:
+        raise InputError(f"ctas_per_sm must be 0 (chosen for the shape) or one of {CTAS_PER_SM}, got {ctas_per_sm!r}")
     if q.device.type != "cuda":
         raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
     try:
         arch = _device_arch(q.device)
         if arch != "sm_90a":
             raise InputError(f"the decode kernel is generated for sm_90a (H100/H200) only so far, not {arch}")
-        spec = resolve(DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
-                                  dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
-                                  window=tuple(window) if window else (-1, -1), softcap=float(softcap),
-                                  block_n=block_n, stages=stages, page_size=page_size,
-                                  gather=gather_by_default(page_size, gather)))
+        spec = DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
+                          dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
+                          window=tuple(window) if window else (-1, -1), softcap=float(softcap), block_n=block_n,
+                          stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
+                          ctas_per_sm=ctas_per_sm or 1)
+        one_cta = resolve(spec.replace(ctas_per_sm=1))
+        plan = Plan(one_cta)
+        if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+            raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
+                             f"{MAX_GRID_YZ} limit")
+        tiles, sms = batch * plan.grid(batch, 1)[1], _sm_count(q.device.index or 0)
+        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms)
+        if not ctas_per_sm:
+            spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
+        spec = resolve(spec)
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
     plan = built.plan
-    if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-        raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
-                         f"{MAX_GRID_YZ} limit")
-    blocks = -(-capacity // spec.block_n)
-    splits = num_splits or choose_splits(batch * plan.grid(batch, 1)[1], blocks, _sm_count(q.device.index or 0))
     map_params = {}  # a gathering kernel reads the caches by address, through no tensor map
     for op, cache in () if spec.gather else (("k", k_cache), ("v", v_cache)):
         strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]

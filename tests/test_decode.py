@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from codegen.build import build
-from codegen.families.decode_sm90 import DecodeSpec, Plan, resolve
+from codegen.families.decode_sm90 import DecodeSpec, Plan, resolve, summary
 from codegen.spec import SpecError
 from layouts import LayoutError
 
@@ -381,3 +381,35 @@ def test_only_the_cluster_launched_family_masks_descriptor_addresses_to_the_fiel
     moved = mma.SmemDescriptor.decode("wgmma", v0 + ((address & (mma.FIELD_LIMIT - 1)) >> 4))
     assert (moved.start_address, moved.lbo) == (0x14000, lbo) and lbo == 128 * 128
     assert mma.SmemDescriptor.decode("wgmma", v0 + (address >> 4)).lbo != lbo  # unmasked: the offset moves
+
+
+def test_two_ctas_per_sm_take_one_consumer_and_half_the_sm():
+    from codegen.families.decode_sm90.plan import REGISTERS_PER_SM, SM_SMEM_BYTES
+
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=2))
+    p, src = built.plan, built.rendered.source
+    assert (p.key_groups, p.row_groups, p.threads, p.spec.block_n, p.spec.stages) == (1, 1, 256, 64, 2)
+    assert p.smem.total <= p.smem_limit == SM_SMEM_BYTES // 2 - 1024
+    assert (p.producer_regs + p.consumer_regs) * 128 * 2 == REGISTERS_PER_SM
+    assert "__launch_bounds__(256, 2)" in src and "kSetMaxNreg = true" in src
+    assert p.spec.name.endswith("_2cta") and "2 CTAs per SM" in summary(p)
+    one = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128)).rendered.source
+    assert "__launch_bounds__(384, 1)" in one
+    with pytest.raises(SpecError, match="64 rows each; this tile packs 128"):
+        resolve(DecodeSpec(heads=64, kv_heads=8, head_dim=128, q_len=16, ctas_per_sm=2))
+    with pytest.raises(SpecError, match="fit head dims 64, 96, 128, not 256"):
+        resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=256, ctas_per_sm=2))
+
+
+def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
+    from codegen.decode import choose_ctas_per_sm
+
+    spec = DecodeSpec(heads=32, kv_heads=8, head_dim=128)
+    assert choose_ctas_per_sm(spec, tiles=256, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=132, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=1024, splits=1, sms=132) == 1  # a dense cache of many waves
+    assert choose_ctas_per_sm(spec.replace(page_size=16), tiles=1024, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=64, splits=1, sms=132) == 1   # B=8: under a wave
+    assert choose_ctas_per_sm(spec, tiles=256, splits=2, sms=132) == 1  # splits: latency counts
+    assert choose_ctas_per_sm(spec.replace(head_dim=256), tiles=256, splits=1, sms=132) == 1
+    assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=256, splits=1, sms=132) == 1  # 128 packed rows

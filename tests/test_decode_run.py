@@ -174,7 +174,14 @@ def test_bandwidth_counts_the_rows_the_queries_see():
 
 def test_gather_is_refused_outside_decode(tmp_path, capsys):
     assert gen.main(["--shape", "1024,32,128", "--gather", "--out", str(tmp_path / "out")]) == 2
-    assert "--page-size and --gather are for the decode kernel" in one_error_line(capsys)
+    assert "--page-size, --gather and --ctas-per-sm are for the decode kernel" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,128", "--ctas-per-sm", "2", "--out", str(tmp_path / "out")]) == 2
+    assert "are for the decode kernel: add --decode" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,128", "--backward", "--gather", "--out", str(tmp_path / "out")]) == 2
     assert "--gather does not apply to the backward kernels" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,128", "--backward", "--ctas-per-sm", "2", "--out", str(tmp_path / "out")]) == 2
+    assert "--ctas-per-sm does not apply to the backward kernels" in one_error_line(capsys)
+    assert gen.main(["--shape", "8192,32,256", "--kv-heads", "8", "--decode", "1", "--ctas-per-sm", "2",
+                     "--out", str(tmp_path / "out")]) == 2
+    assert "two CTAs per SM fit head dims 64, 96, 128, not 256" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()

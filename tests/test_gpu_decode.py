@@ -31,12 +31,12 @@ def make_cache(batch, capacity, kv_heads, dim, lengths, dtype, seed=0):
 
 
 def run_and_check(q, k, v, lengths, *, causal=True, window=None, softcap=0.0, sinks=None, num_splits=0,
-                  k_new=None, v_new=None):
+                  k_new=None, v_new=None, **knobs):
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     o, lse = attention_with_kvcache(q, k, v, seqlens, k_new=k_new, v_new=v_new, causal=causal, window=window,
                                     softcap=softcap, sinks=sinks, return_lse=True, num_splits=num_splits, out=out,
-                                    check=True)
+                                    check=True, **knobs)
     assert o.data_ptr() == out.data_ptr()
     attended = [n + (0 if k_new is None else q.shape[1]) for n in lengths]
     options = dict(causal=causal, window=window, softcap=softcap, sinks=sinks)
@@ -232,7 +232,8 @@ SMALL_PAGES = [
 ]
 
 
-def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, gather=False, **options):
+def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, gather=False, ctas_per_sm=0,
+                        **options):
     """attention_with_kvcache over shuffled paged copies of the dense (NaN past each length) caches k, v; `options`
     are the call's masks (the reference takes them too), the others its tuning."""
     from codegen.decode_run import paged_caches
@@ -241,7 +242,8 @@ def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
     o, lse = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, block_n=block_n,
-                                    out=out, return_lse=True, check=True, gather=gather, **options)
+                                    out=out, return_lse=True, check=True, gather=gather, ctas_per_sm=ctas_per_sm,
+                                    **options)
     assert_matches_float64(o, lse, q, k, v, lengths, options)
 
 
@@ -304,3 +306,38 @@ def test_cli_run_checks_and_times_the_decode_kernel(extra, tmp_path, capsys):
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  run ")]
     assert "B=6" in line and "1000-row caches" in line and " GB/s K+V" in line and line.endswith(": PASS"), line
     assert ("shuffled" in line) == ("--page-size" in extra)
+
+
+# Two CTAs per SM (DecodeSpec.ctas_per_sm), one consumer warpgroup each: forced at a small batch, dense, paged by
+# TMA and gathered, D 64-128, GQA 8 and 4 (up to 64 packed rows), several splits (one split per tile is the policy's
+# choice; more exercise the merges under this layout too).
+TWO_CTAS = [(1, 32, 8, 128, torch.bfloat16, 0), (2, 16, 4, 96, torch.float16, 0), (1, 8, 8, 64, torch.bfloat16, 16),
+            (4, 32, 8, 128, torch.bfloat16, 16), (1, 32, 8, 128, torch.bfloat16, 4), (16, 32, 8, 64, torch.float16, 1)]
+
+
+@pytest.mark.parametrize("sq, heads, kv_heads, dim, dtype, page", TWO_CTAS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_two_ctas_per_sm_match_float64(sq, heads, kv_heads, dim, dtype, page, num_splits):
+    from codegen import decode
+
+    lengths = [1000, 0, 1, 64, 65, 999, 129]
+    k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=11)
+    q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
+    if page:
+        run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, gather=None, ctas_per_sm=2)
+    else:
+        run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=2)
+    assert any(c.plan.spec.ctas_per_sm == 2 and c.plan.key_groups == 1 for c in decode._LAUNCHERS.values())
+
+
+def test_a_batch_that_fills_the_sms_runs_two_ctas_per_sm():
+    from codegen import decode
+    from codegen.api import _sm_count
+
+    batch = -(-_sm_count(0) // 8)  # 8 K/V heads: one tile each, a wave of them
+    lengths = [1000] * (batch - 2) + [0, 517]
+    k, v = make_cache(batch, 1000, 8, 128, lengths, torch.bfloat16, seed=12)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    run_and_check(q, k, v, lengths)
+    chosen = [c for c in decode._LAUNCHERS.values() if c.batch == batch and c.plan.spec.head_dim == 128]
+    assert chosen and all(c.plan.spec.ctas_per_sm == 2 and c.splits == 1 for c in chosen)

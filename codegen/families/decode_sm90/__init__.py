@@ -44,7 +44,8 @@ def summary(plan: Plan) -> str:
     return (f"{s.name}: decode, H={s.heads} over H_kv={s.kv_heads}, D={s.head_dim} {s.dtype}, S_q={s.q_len} "
             f"({s.rows} packed rows, {plan.tiles_m} tile(s) of {plan.block_m}), "
             f"{'causal' if s.causal else 'non-causal'}, {s.block_n}-key blocks, {s.stages} stages, "
-            + (f"{s.page_size}-row pages" if s.page_size else "dense cache"))
+            + (f"{s.page_size}-row pages" if s.page_size else "dense cache")
+            + (f", {s.ctas_per_sm} CTAs per SM" if s.ctas_per_sm > 1 else ""))
 
 
 def context(plan: Plan) -> dict:
@@ -115,6 +116,8 @@ def context(plan: Plan) -> dict:
         "family_barriers": decode_abi.BARRIER_NAMES,
         "mbarrier_bytes": MBARRIER_BYTES,
         "producer_regs": plan.producer_regs,
+        "moves_registers": plan.moves_registers,
+        "ctas_per_sm": plan.spec.ctas_per_sm,
         "consumer_regs": plan.consumer_regs,
     }
 

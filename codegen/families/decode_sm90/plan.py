@@ -38,7 +38,19 @@ MAX_GATHER_BLOCK_N = 128  # the producer's 4 warps x 32 lanes, a lane holding on
 # cuDNN's dense cache) 1-row pages 0.76x cuDNN gathered, 0.13x by a TMA copy per page; 4-row 0.65x against 0.42x;
 # 8-row 0.67x against 0.72x; 16-row 0.69x against 0.95x (bench/LOG.md, "Decode", d8).
 GATHER_MAX_PAGE_ROWS = 4
-SMEM_LIMIT = 227 * 1024
+SM_SMEM_BYTES = 228 * 1024  # an sm_90 SM's shared memory (CUDA programming guide, compute capability 9.0)
+CTA_RESERVED_SMEM = 1024    # the system's share of it for each resident CTA
+SMEM_LIMIT = SM_SMEM_BYTES - CTA_RESERVED_SMEM  # one CTA per SM: 227 KB, the per-block opt-in maximum
+REGISTERS_PER_SM = 64 * 1024
+# CTAs resident per SM (DecodeSpec.ctas_per_sm). Two hold one consumer warpgroup each, so an SM still runs two
+# consumers but a CTA's start (Q, the first loads) and end (its merge and store) overlap the other's stream; the
+# batch policy (codegen.decode) takes them where the tiles fill a wave: at 32 x 2k 66.5 -> 64.5 us, pages of 16
+# 258.7 -> 247.6 us, dense 32 x 8k and 32k unchanged; at B=1 they are slower (bench/LOG.md, "Decode", d11).
+CTAS_PER_SM = (1, 2)
+TWO_CTA_PRODUCER_REGS, TWO_CTA_CONSUMER_REGS = 40, 216  # (40 + 216) x 128 threads x 2 CTAs: the register file
+# Keys per ring slot at two CTAs per SM: the widest block with two ring slots in half the SM's shared memory
+# (none at D >= 192, whose Q and one slot alone take half).
+TWO_CTA_BLOCK_N = {64: 128, 96: 64, 128: 64}
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 MIN_STAGES, MAX_STAGES = 2, 8
@@ -83,6 +95,7 @@ class DecodeSpec:
     gather: bool = False  # paged K/V by the producer warpgroup's 16-byte cp.async, not a TMA copy per page
     block_n: int = 0      # 0: DEFAULT_BLOCK_N
     stages: int = 0       # 0: as many as fit
+    ctas_per_sm: int = 1  # CTAS_PER_SM: 2 runs one consumer warpgroup per CTA, two CTAs per SM
     arch: str = "sm_90a"
 
     family = "decode_sm90"  # its kernel family (codegen.families.family_for), not a field
@@ -111,6 +124,12 @@ class DecodeSpec:
              f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
              f"stages must be {MIN_STAGES}..{MAX_STAGES} (0: as many as fit), got {self.stages}")
+        need(self.ctas_per_sm in CTAS_PER_SM, f"ctas_per_sm must be one of {CTAS_PER_SM}, got {self.ctas_per_sm!r}")
+        need(self.ctas_per_sm == 1 or self.rows <= ROWS_PER_CONSUMER,
+             f"two CTAs per SM hold one consumer warpgroup of {ROWS_PER_CONSUMER} rows each; this tile packs "
+             f"{self.rows} (query heads per K/V head x S_q)")
+        need(self.ctas_per_sm == 1 or self.head_dim in TWO_CTA_BLOCK_N,
+             f"two CTAs per SM fit head dims {', '.join(map(str, TWO_CTA_BLOCK_N))}, not {self.head_dim}")
 
     @property
     def group(self) -> int:
@@ -132,6 +151,8 @@ class DecodeSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
         if self.page_size:
             extras += f"_page{self.page_size}" + ("_gather" if self.gather else "")
+        if self.ctas_per_sm > 1:
+            extras += f"_{self.ctas_per_sm}cta"
         return (f"flashgen_decode_{self.arch}_h{self.heads}_kvh{self.kv_heads}_d{self.head_dim}_{self.dtype}"
                 f"_q{self.q_len}_{'causal' if self.causal else 'full'}_n{self.block_n or 'auto'}"
                 f"_st{self.stages or 'auto'}{extras}")
@@ -160,7 +181,7 @@ class SmemMap:
 
 @functools.lru_cache(maxsize=256)
 def resolve(spec: DecodeSpec) -> DecodeSpec:
-    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
+    block_n = spec.block_n or (TWO_CTA_BLOCK_N if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
     spec = spec.replace(block_n=block_n)
     if spec.gather and block_n > MAX_GATHER_BLOCK_N:
         raise SpecError(f"{spec.name}: a gathered block is at most {MAX_GATHER_BLOCK_N} keys (a lane of each producer "
@@ -182,6 +203,9 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
         spec = spec.replace(stages=max(fitting))
     plan = Plan(spec)
     plan.smem  # raises the shared-memory error for an explicit stage count
+    if plan.moves_registers:  # setmaxnreg moves registers within the CTA's launch-time share of the file
+        assert (plan.producer_regs + plan.consumers * plan.consumer_regs) * THREADS_PER_WARPGROUP * spec.ctas_per_sm \
+            <= REGISTERS_PER_SM, spec
     plan.k_pages, plan.v_pages  # raises where the pages cannot be loaded into the tiles (1-row pages at D=96)
     return spec
 
@@ -200,7 +224,7 @@ class Plan:
         """Consumer warpgroups that share the rows and take alternate key blocks: two where the rows fit one
         warpgroup, so two blocks' QK, softmax and PV are in flight at once (one consumer alone kept the loads
         at 3.9-4.0 TB/s whatever the ring depth: bench/LOG.md, "Decode")."""
-        return MAX_CONSUMERS // self.row_groups
+        return 1 if self.spec.ctas_per_sm > 1 else MAX_CONSUMERS // self.row_groups
 
     @property
     def consumers(self) -> int:
@@ -248,11 +272,25 @@ class Plan:
 
     @property
     def producer_regs(self) -> int:
+        if self.spec.ctas_per_sm > 1:
+            return TWO_CTA_PRODUCER_REGS
         return GATHER_PRODUCER_REGS if self.spec.gather else PRODUCER_REGS
 
     @property
     def consumer_regs(self) -> int:
+        if self.spec.ctas_per_sm > 1:
+            return TWO_CTA_CONSUMER_REGS
         return GATHER_CONSUMER_REGS if self.spec.gather else CONSUMER_REGS
+
+    @property
+    def moves_registers(self) -> bool:
+        """Whether the warpgroups rebalance registers by setmaxnreg (with two consumers, or two CTAs per SM)."""
+        return self.consumers > 1 or self.spec.ctas_per_sm > 1
+
+    @property
+    def smem_limit(self) -> int:
+        """Shared memory one CTA may take with spec.ctas_per_sm of them resident on an SM."""
+        return SM_SMEM_BYTES // self.spec.ctas_per_sm - CTA_RESERVED_SMEM
 
     @property
     def page_lanes(self) -> int:
@@ -300,7 +338,7 @@ class Plan:
     @property
     def fits(self) -> bool:
         try:
-            return self.smem.total <= SMEM_LIMIT
+            return self.smem.total <= self.smem_limit
         except SpecError:
             return False
 
@@ -315,8 +353,8 @@ class Plan:
         bar_offset = _align(offset, MBARRIER_ALIGN)
         flag_offset = bar_offset + self.abi.barriers.bytes
         total = flag_offset + 8 + SMEM_ALIGN_SLACK
-        if total > SMEM_LIMIT:
-            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; use "
+        if total > self.smem_limit:
+            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {self.smem_limit}-byte limit; use "
                             "fewer stages or a smaller block_n")
         rings = s.stages * (self.k.smem_bytes + self.v.smem_bytes)
         assert placed["v"] == placed["k"] + s.stages * self.k.smem_bytes, "the K and V rings must be adjacent"
