@@ -8,7 +8,8 @@
       bundle with a C launcher for builds without Python.
   flashgen --shape S,H,D --backward [--causal] [--kv-heads N] [--seq-k N] [--window L,R] [--softcap X]
       [--deterministic]   the backward kernels (pre, main, post) of that forward, emitted and compiled
-  flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P [--gather/--no-gather]] [--run [--batch B]] [--export DIR]
+  flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P [--gather/--no-gather]] [--ctas-per-sm N]
+      [--run [--batch B]] [--export DIR]
       the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
       S_MAX rows (paged, a shuffled page table, with --page-size) against float64, and times it (K+V GB/s).
   flashgen layout ...   derived shared-memory layouts, descriptors and tensor maps (flashgen layout -h)

@@ -19,9 +19,9 @@ from layouts.dtypes import BY_TORCH_NAME
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
 from .families.decode_sm90 import DecodeSpec, Plan, resolve
-from .families.decode_sm90.plan import CTAS_PER_SM, MAX_SPLITS, TWO_CTA_BLOCK_N, gather_by_default
+from .families.decode_sm90.plan import CTAS_PER_SM, MAX_SPLITS, gather_by_default
 from .families.fwd_sm90.abi import LOG2E
-from .spec import ROWS_PER_CONSUMER, SpecError
+from .spec import SpecError
 
 MAX_GRID_YZ = 65535
 # Tensor maps remembered per cache operand: a model's layers share one launcher (same shapes) but each has its
@@ -112,9 +112,8 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     TWO_CTA_MAX_WAVES waves; one (two consumers sharing a CTA's loads) elsewhere. Measured against cuDNN in one
     process (bench/LOG.md, "Decode", d11): 32 x 2k 0.970x -> 1.004x, pages of 4 0.720x -> 0.927x, of 16 0.952x ->
     0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
-    fits = spec.rows <= ROWS_PER_CONSUMER and spec.head_dim in TWO_CTA_BLOCK_N
     waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
-    return 2 if fits and splits == 1 and tiles >= sms and waves_ok else 1
+    return 2 if spec.fits_two_ctas and splits == 1 and tiles >= sms and waves_ok else 1
 
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
@@ -273,7 +272,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(f"scale must be a positive finite number, got {scale!r}")
     if not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
         raise InputError(f"num_splits must be 0 (chosen for the shape) or 1..{MAX_SPLITS}, got {num_splits!r}")
-    if ctas_per_sm not in (0,) + CTAS_PER_SM:
+    if not isinstance(ctas_per_sm, int) or ctas_per_sm not in (0,) + CTAS_PER_SM:
         raise InputError(f"ctas_per_sm must be 0 (chosen for the shape) or one of {CTAS_PER_SM}, got {ctas_per_sm!r}")
     if q.device.type != "cuda":
         raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")

@@ -201,6 +201,8 @@ def cpu_inputs(**over):
     (dict(page_table=torch.zeros(2, 4, dtype=torch.int32)), "CUDA device"),
     (dict(sinks=torch.zeros(7)), "sinks"),
     (dict(num_splits=-1), "num_splits"),
+    (dict(ctas_per_sm=3), "ctas_per_sm"),
+    (dict(ctas_per_sm=2.0), "ctas_per_sm"),
     ({}, "CUDA device"),
 ])
 def test_bad_calls_are_refused_before_any_launch(over, match):
@@ -413,3 +415,9 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
     assert choose_ctas_per_sm(spec, tiles=256, splits=2, sms=132) == 1  # splits: latency counts
     assert choose_ctas_per_sm(spec.replace(head_dim=256), tiles=256, splits=1, sms=132) == 1
     assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=256, splits=1, sms=132) == 1  # 128 packed rows
+
+
+@pytest.mark.parametrize("bad", [3, 2.0, "2"])
+def test_a_ctas_per_sm_the_family_has_no_layout_for_is_refused(bad):
+    with pytest.raises(SpecError, match="ctas_per_sm must be one of"):
+        DecodeSpec(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=bad)

@@ -124,7 +124,8 @@ class DecodeSpec:
              f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
              f"stages must be {MIN_STAGES}..{MAX_STAGES} (0: as many as fit), got {self.stages}")
-        need(self.ctas_per_sm in CTAS_PER_SM, f"ctas_per_sm must be one of {CTAS_PER_SM}, got {self.ctas_per_sm!r}")
+        need(isinstance(self.ctas_per_sm, int) and self.ctas_per_sm in CTAS_PER_SM,
+             f"ctas_per_sm must be one of {CTAS_PER_SM}, got {self.ctas_per_sm!r}")
         need(self.ctas_per_sm == 1 or self.rows <= ROWS_PER_CONSUMER,
              f"two CTAs per SM hold one consumer warpgroup of {ROWS_PER_CONSUMER} rows each; this tile packs "
              f"{self.rows} (query heads per K/V head x S_q)")
@@ -143,6 +144,11 @@ class DecodeSpec:
     @property
     def elem_bytes(self) -> int:
         return SUPPORTED_DTYPES[self.dtype]
+
+    @property
+    def fits_two_ctas(self) -> bool:
+        """Whether the tile takes the two-CTA layout: one consumer warpgroup's rows, a head dim TWO_CTA_BLOCK_N holds."""
+        return self.rows <= ROWS_PER_CONSUMER and self.head_dim in TWO_CTA_BLOCK_N
 
     @property
     def name(self) -> str:
