@@ -19,7 +19,7 @@ from layouts.dtypes import BY_TORCH_NAME
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
 from .families.decode_sm90 import DecodeSpec, Plan, resolve
-from .families.decode_sm90.plan import CTAS_PER_SM, MAX_SPLITS, gather_by_default
+from .families.decode_sm90.plan import CTAS_PER_SM, MAX_CLUSTER_SPLITS, MAX_SPLITS, gather_by_default
 from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
@@ -119,13 +119,16 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
     "Decode"). Where the tiles leave most SMs idle (B=1: 8 CTAs), as many splits as one wave holds, each of
-    MIN_BLOCKS_PER_SPLIT blocks or more (8 at 2k keys was best of 4-16, 16 at 8k); otherwise the split merge
-    pays only on long caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at
-    2k, 1.07x against 1.00x for two; two at 32k)."""
+    MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
+    (clustered splits merge after the cluster barrier: at B=1, 8 splits against 16 were 1.129x / 0.963x cuDNN at
+    2k keys, 1.086x / 1.050x at 8k, 1.012x / 1.017x at 32k; d10); otherwise the split merge pays only on long
+    caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at 2k, 1.07x against
+    1.00x for two; two at 32k)."""
     if ctas >= sms:
         return 1
     if ctas * FEW_TILES <= sms:
-        return max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
+        splits = max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
+        return MAX_CLUSTER_SPLITS if MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS else splits
     return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
 
 

@@ -172,7 +172,9 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     from codegen.decode import choose_splits
 
     assert choose_splits(8, 16, 132) == 8      # B=1, 2k keys: 2 blocks a split
-    assert choose_splits(8, 256, 132) == 16    # one wave
+    assert choose_splits(8, 256, 132) == 8     # a wave would be 16: one cluster of 8 merges faster
+    assert choose_splits(8, 12, 132) == 6      # 2 blocks a split
+    assert choose_splits(1, 256, 132) == 128   # multi-query B=1: a wave of splits, far past a cluster
     assert choose_splits(64, 16, 132) == 1     # B=8, 2k: the merge does not pay
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
