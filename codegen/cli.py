@@ -363,8 +363,10 @@ def generate_main(argv: list[str]) -> int:
     c, name = built.compiled, built.rendered.kernel_name
     print(f"  source     {out / (spec.name + '.cu')}")
     print(f"  manifest   {out / (spec.name + '.json')}")
-    moves = (f" (setmaxnreg moves consumers to {CONSUMER_REGS}, the producer to {PRODUCER_REGS})"
-             if built.family.name == "fwd_sm90" else "")
+    regs = ((CONSUMER_REGS, PRODUCER_REGS) if built.family.name == "fwd_sm90" else
+            (built.plan.consumer_regs, built.plan.producer_regs) if getattr(built.plan, "moves_registers", False)
+            else None)
+    moves = f" (setmaxnreg moves consumers to {regs[0]}, the producer to {regs[1]})" if regs else ""
     print(f"  registers  {c.registers.get(name)} per thread at entry{moves}")
     print(f"  spills     {c.spill_stores.get(name, 0)} bytes stored, {c.spill_loads.get(name, 0)} bytes loaded")
     print(f"  smem       {built.plan.smem.total} bytes dynamic")

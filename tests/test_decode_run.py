@@ -185,3 +185,11 @@ def test_gather_is_refused_outside_decode(tmp_path, capsys):
                      "--out", str(tmp_path / "out")]) == 2
     assert "two CTAs per SM fit head dims 64, 96, 128, not 256" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_names_the_decode_kernels_register_split(tmp_path, capsys):
+    assert gen.main(["--shape", "8192,32,128", "--kv-heads", "8", "--decode", "1", "--ctas-per-sm", "2",
+                     "--out", str(tmp_path)]) == 0
+    assert "setmaxnreg moves consumers to 216, the producer to 40" in capsys.readouterr().out
+    assert gen.main(["--shape", "8192,32,128", "--kv-heads", "8", "--decode", "1", "--out", str(tmp_path)]) == 0
+    assert "setmaxnreg moves consumers to 240, the producer to 24" in capsys.readouterr().out
