@@ -47,9 +47,6 @@ class _Lib:
 
 
 # cuLaunchKernelEx's configuration (CUDA driver API, cuda.h: CUlaunchConfig, CUlaunchAttribute), for cluster launches.
-CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
-
-
 class _Dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
 
@@ -192,8 +189,10 @@ class ClusterLaunch:
         _load_driver_lib()
         if _lib_launch_ex is None:
             raise RuntimeError("a cluster launch needs libcuda's cuLaunchKernelEx (CUDA 12 or later)")
+        from cuda.bindings import driver as cu
+
         self.kernel, self.cluster = kernel, cluster
-        self._attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        self._attr = _LaunchAttr(id=int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION))
         self._attr.value.cluster_dim = _Dim3(*cluster)
         self._config = _LaunchConfig(grid=_Dim3(*grid), block=_Dim3(block, 1, 1), shared_mem_bytes=kernel.dynamic_smem,
                                      attrs=ctypes.pointer(self._attr), num_attrs=1)

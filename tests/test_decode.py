@@ -423,3 +423,30 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
 def test_a_ctas_per_sm_the_family_has_no_layout_for_is_refused(bad):
     with pytest.raises(SpecError, match="ctas_per_sm must be one of"):
         DecodeSpec(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=bad)
+
+
+def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(monkeypatch):
+    import ctypes
+
+    from cuda.bindings import driver as cu
+
+    from codegen import launcher
+
+    calls = []
+    monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
+    monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: calls.append(("ctx", handle)))
+    monkeypatch.setattr(launcher, "_lib_launch_ex", lambda config, function, args, extra: calls.append(
+        ("launch", ctypes.cast(config, ctypes.POINTER(launcher._LaunchConfig)).contents, function, args)) or 0)
+    kernel = type("Kernel", (), {"dynamic_smem": 181584, "context_handle": 11, "function_handle": 22})()
+    launch = launcher.ClusterLaunch(kernel, (8, 8, 1), 384, (8, 1, 1))
+    for stream in (5, 6):
+        launch(stream, type("Args", (), {"address": 33})())
+    assert [c[0] for c in calls] == ["ctx", "launch"] * 2
+    config = calls[-1][1]
+    assert (config.grid.x, config.grid.y, config.grid.z, config.block.x, config.block.y) == (8, 8, 1, 384, 1)
+    assert (config.shared_mem_bytes, config.stream, config.num_attrs, calls[-1][2:]) == (181584, 6, 1, (22, 33))
+    attr = config.attrs[0]
+    assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert (attr.value.cluster_dim.x, attr.value.cluster_dim.y, attr.value.cluster_dim.z) == (8, 1, 1)
+    with pytest.raises(AssertionError):
+        launcher.ClusterLaunch(kernel, (6, 8, 1), 384, (4, 1, 1))  # a cluster that does not divide the grid
