@@ -375,7 +375,7 @@ def test_only_the_cluster_launched_family_masks_descriptor_addresses_to_the_fiel
     built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128))
     mask = f"(tile & {mma.FIELD_LIMIT - 1:#x}u)"
     assert f"return desc + ({mask} >> {built.plan.desc_address_shift}); }}" in built.rendered.source
-    forward = next(Path("generated").glob("flashgen_fwd_*.cu")).read_text()
+    forward = next((Path(__file__).resolve().parent.parent / "generated").glob("flashgen_fwd_*.cu")).read_text()
     assert "u64 desc_at" in forward and mask not in forward  # no cluster launch there: no extra instruction
     # P V's descriptor reaches V's second 64-column block through its leading-byte offset. A shared address with
     # bits above the field's (a CTA of a cluster) must move the start address only.
