@@ -301,3 +301,33 @@ def test_a_backend_that_refuses_is_a_skipped_row_with_its_reason(cpu_case, monke
     assert list(by) == ["cudnn", "flash"]
     assert by["flash"].skipped.startswith("No viable backend") and by["flash"].ms is None
     assert by["flash"].fwd_bwd_error is None and by["cudnn"].ok and by["cudnn"].call_ms is None  # no flashgen call
+
+
+def _bwd_ab():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bwd_ab", ROOT / "scripts" / "bwd_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bwd_ab_reads_cases_and_trees_and_refuses_bad_ones(tmp_path):
+    ab = _bwd_ab()
+    assert ab.parse_case("4,4096,32,128") == (4, 4096, 32, 128, False)
+    assert ab.parse_case("1,16384,16,128,c") == (1, 16384, 16, 128, True)
+    for bad in ("4,4096,32", "4,4096,32,128,x"):
+        with pytest.raises(SystemExit, match="expected B,S,H,D"):
+            ab.parse_case(bad)
+    with pytest.raises(SystemExit, match="a tree with codegen/"):
+        ab.parse_tree(f"x={tmp_path}")
+    assert ab.parse_tree(f"base={ROOT}") == ("base", ROOT)
+
+
+def test_bwd_ab_stops_with_the_workers_error_when_a_worker_fails(tmp_path, capsys):
+    # The worker of a tree whose codegen cannot import fails before timing anything; the table is not printed.
+    (tmp_path / "codegen").mkdir()
+    (tmp_path / "codegen" / "__init__.py").write_text("raise ImportError('broken tree')\n")
+    assert _bwd_ab().main(["--tree", f"bad={tmp_path}", "--case", "1,128,1,64", "--rounds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "round 0 bad: worker failed" in err and "broken tree" in err

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""A/B of backward kernels from several source trees against cuDNN's backward, in interleaved rounds.
+
+    python3 scripts/bwd_ab.py --tree base=. --tree swz=.scratch/pA [--case 4,4096,32,128] [--case 4,4096,32,128,c]
+
+A tree is NAME=PATH, a checkout (or a patched copy of one, e.g. with a bench/wip patch applied): two trees' codegen
+cannot share a process, so each round runs one worker process per tree (PYTHONPATH=PATH), in turn. A worker times
+codegen.backward.attention_backward on the forward's own o and lse, and cuDNN's backward (SDPA CUDNN_ATTENTION,
+.backward() on a retained graph) on the same inputs, by CUDA events over --iters calls behind a GPU sleep, and
+checks dq/dk/dv against cuDNN's (bf16 both: a broken variant shows errors of order 1, not a precise bound; the GPU
+tests are the correctness check). Printed: per case and tree, the median over rounds of flashgen's ms and of its
+ratio to the cuDNN measured in the same process. A case is B,S,H,D[,c] (c: causal), bf16, H_kv = H.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_CASES = ("4,4096,32,128", "4,4096,32,128,c", "1,16384,16,128,c", "16,1024,32,64")
+
+
+def parse_case(text: str) -> tuple[int, int, int, int, bool]:
+    parts = text.split(",")
+    if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "c"):
+        raise SystemExit(f"--case {text!r}: expected B,S,H,D or B,S,H,D,c")
+    b, s, h, d = (int(x) for x in parts[:4])
+    return b, s, h, d, len(parts) == 5
+
+
+def parse_tree(text: str) -> tuple[str, pathlib.Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not (pathlib.Path(path) / "codegen").is_dir():
+        raise SystemExit(f"--tree {text!r}: expected NAME=PATH of a tree with codegen/")
+    return name, pathlib.Path(path).resolve()
+
+
+def _timed(fn, iters: int, torch) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(2_000_000)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def worker(cases: list[str], iters: int) -> None:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import codegen
+    from codegen.backward import attention_backward  # after codegen.attention (codegen/backward.py)
+
+    for text in cases:
+        b, s, h, d, causal = parse_case(text)
+        torch.manual_seed(0)
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse = codegen.attention(q, k, v, causal=causal, return_lse=True)
+        ours = lambda: attention_backward(q, k, v, o, lse, do, causal=causal)  # noqa: E731
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        dot = do.transpose(1, 2)
+        theirs = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)  # noqa: E731
+        got, want = ours(), theirs()
+        err = max(float((g - w.transpose(1, 2)).abs().max() / w.abs().max()) for g, w in zip(got, want))
+        for _ in range(3):
+            ours(), theirs()
+        print(json.dumps({"case": text, "ms": _timed(ours, iters, torch), "cudnn_ms": _timed(theirs, iters, torch),
+                          "err": err}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
+    parser.add_argument("--case", action="append", default=[], metavar="B,S,H,D[,c]")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    cases = args.case or list(DEFAULT_CASES)
+    for c in cases:
+        parse_case(c)
+    if args.worker:
+        worker(cases, args.iters)
+        return 0
+    trees = [parse_tree(t) for t in args.tree] or [("base", ROOT)]
+    results: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.rounds):
+        for name, path in trees:
+            cmd = [sys.executable, str(ROOT / "scripts" / "bwd_ab.py"), "--worker", "--iters", str(args.iters)]
+            cmd += [x for c in cases for x in ("--case", c)]
+            proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
+            if proc.returncode:
+                print(f"round {r} {name}: worker failed\n{proc.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            for line in proc.stdout.splitlines():
+                if line.startswith("{"):
+                    row = json.loads(line)
+                    results.setdefault((row["case"], name), []).append(row)
+    print(f"{'case':<20} {'tree':<10} {'ms':>8} {'cudnn ms':>9} {'ratio':>7} {'max err':>9}")
+    for c in cases:
+        for name, _ in trees:
+            rows = results.get((c, name), [])
+            ms = statistics.median(x["ms"] for x in rows)
+            ratio = statistics.median(x["cudnn_ms"] / x["ms"] for x in rows)
+            print(f"{c:<20} {name:<10} {ms:8.3f} {statistics.median(x['cudnn_ms'] for x in rows):9.3f} "
+                  f"{ratio:6.3f}x {max(x['err'] for x in rows):9.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
