@@ -4,10 +4,12 @@
     python3 scripts/ab.py --matrix default --variant base: --variant persist:persistent=1
     python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
     python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
+    python3 scripts/ab.py --matrix fa4 --peer fa4 --variant base: --variant n128:block_n=128
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
-pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. It prints each variant's ratio to cuDNN per shape and
-the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
+pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
+times another implementation in the same rounds, as one more column. It prints each variant's ratio to cuDNN per
+shape and the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
 measurement (the bench/ package), so the numbers are comparable with `gen.py bench`.
 """
 
@@ -71,6 +73,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KNOB=VALUE,...")
+    parser.add_argument("--peer", action="append", default=[], choices=sorted(set(PEERS) - {"cudnn"}),
+                        help="another implementation timed in the same rounds (a skipped one says why)")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
@@ -82,6 +86,8 @@ def main(argv: list[str]) -> int:
     if not cases:
         raise SystemExit("give --matrix or --shape")
     variants = [parse_variant(v) for v in args.variant]
+    if len({n for n, _ in variants} | set(args.peer)) != len(variants) + len(args.peer):
+        raise SystemExit("variant and peer names must differ")
     config = BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
                          warmup=args.warmup, seed=0, out=None, command="ab")
     torch.manual_seed(0)
@@ -91,11 +97,12 @@ def main(argv: list[str]) -> int:
         # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
         yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
         # cuDNN and every variant are timed in interleaved rounds (bench.gpu_run.measure_together).
+        peers = [(name, PEERS[name]) for name in args.peer]
         cudnn, *rows = measure_together(
-            torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants],
-            case, inputs, config)
+            torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants]
+            + [(peer, None) for _, peer in peers], case, inputs, config)
         line = {"shape": case.label, "cudnn_ms": cudnn.ms}
-        for (name, kwargs), row in zip(variants, rows):
+        for name, row in zip([n for n, _ in variants] + [n for n, _ in peers], rows):
             line[name] = (cudnn.ms / row.ms) if row.ms and cudnn.ms else None
             line[name + "_err"] = row.rel_err if row.ms else row.error
         print(json.dumps(line), flush=True)
@@ -103,7 +110,7 @@ def main(argv: list[str]) -> int:
         del inputs
         torch.cuda.empty_cache()
 
-    names = [n for n, _ in variants]
+    names = [n for n, _ in variants] + args.peer
     print("\nratio to cuDNN, same run (> 1 is faster)")
     print(f"{'shape':34s} {'cuDNN ms':>9s} " + " ".join(f"{n:>10s}" for n in names))
     for line in table:

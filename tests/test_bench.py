@@ -4,6 +4,7 @@ bookkeeping (with a stand-in for torch.cuda) and the compile-time report (real N
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import json
 import math
@@ -1390,3 +1391,13 @@ def test_gpu_check_ends_with_the_targets_over_its_default_runs(tmp_path, monkeyp
     assert (name, status) == ("targets", "OK")
     assert detail == "seed 1.049x median (>= 1.10x in 0 of 2 runs); bf16 five 1.048x median (met in 1 of 2 runs)"
     assert "20261130T162839Z" in (tmp_path / "targets.log").read_text()
+
+
+def test_ab_refuses_a_peer_named_like_a_variant_before_timing_anything():
+    spec = importlib.util.spec_from_file_location("ab", ROOT / "scripts" / "ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    with pytest.raises(SystemExit, match="must differ"):
+        ab.main(["--shape", "1,128,1,64", "--variant", "fa4:", "--peer", "fa4"])
+    with pytest.raises(SystemExit):  # cuDNN is every run's yardstick, not a peer to add
+        ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--peer", "cudnn"])
