@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import math
 from dataclasses import dataclass
@@ -314,11 +315,12 @@ def _fa4_out(result):
     return result[0] if isinstance(result, (tuple, list)) else result
 
 
-def _fa4_calls(torch, inputs: Inputs, case: Case):
+def _fa4_calls(torch, inputs: Inputs, case: Case, **options):
     """FlashAttention-4's forward on the (B, S, H, D) sets as they are (k, v with H_kv heads). Its first call
-    compiles (cute.compile, cached by the package per configuration); the timed calls launch. Output (B, S, H, D)."""
+    compiles (cute.compile, cached by the package per configuration); the timed calls launch. Output (B, S, H, D).
+    `options` go to flash_attn_func as they are (fa4_nopack: pack_gqa=False)."""
     attention = fa4_function()
-    kwargs = fa4_kwargs(case)
+    kwargs = {**fa4_kwargs(case), **options}
 
     def call(qkv):
         q, k, v = qkv
@@ -378,6 +380,9 @@ PEERS = {
     "flex": Peer("flex", _flex_calls, steady=_no_recompile),
     "unfused": Peer("unfused", _unfused_calls, skip=_unfused_skip),
     "fa4": Peer("fa4", _fa4_calls),
+    # FA4 with its grouped-query packing off (it packs whenever H > H_kv on sm90): what packing is worth to it,
+    # before flashgen's forward packs too (bench/LOG.md, "What FA4's sm90 forward does differently").
+    "fa4_nopack": Peer("fa4_nopack", functools.partial(_fa4_calls, pack_gqa=False)),
 }
 
 # The same names on a varlen case: "cudnn" is then the padded yardstick.

@@ -233,6 +233,15 @@ def test_fa4_calls_give_the_harness_layout_and_pass_causal_and_gqa(fake_fa4, cas
     assert all(c["softmax_scale"] is None and c["pack_gqa"] is None for c in fake_fa4.calls)
 
 
+def test_fa4_nopack_turns_only_the_grouped_query_packing_off(fake_fa4):
+    case = CPU_CASES[2]  # grouped query: FA4 packs by default
+    inputs = _cpu_inputs(case)
+    outs = [call() for call in PEERS["fa4_nopack"].make(torch, inputs, case)]
+    assert [c["pack_gqa"] for c in fake_fa4.calls] == [False] * len(outs)
+    assert all(c["causal"] == case.causal for c in fake_fa4.calls)
+    assert check.rel_err(PEERS["fa4_nopack"].output(outs[0], inputs), inputs.ref) < 1e-6
+
+
 def test_fa4_through_measure_with_a_fake_gpu(fake_fa4):
     clock = [0.0]
 
