@@ -10,6 +10,8 @@ codegen.backward.attention_backward on the forward's own o and lse, and cuDNN's 
 checks dq/dk/dv against cuDNN's (bf16 both: a broken variant shows errors of order 1, not a precise bound; the GPU
 tests are the correctness check). Printed: per case and tree, the median over rounds of flashgen's ms and of its
 ratio to the cuDNN measured in the same process. A case is B,S,H,D[,c] (c: causal), bf16, H_kv = H.
+`--kernels` adds where each tree's time goes: the CUDA time of each of its kernels (_pre, the main kernel, _post)
+per call, from torch.profiler over --iters calls, beside cuDNN's kernels summed.
 """
 
 from __future__ import annotations
@@ -52,7 +54,26 @@ def _timed(fn, iters: int, torch) -> float:
     return start.elapsed_time(end) / iters
 
 
-def worker(cases: list[str], iters: int) -> None:
+def kernel_times(fn, iters: int, torch) -> dict[str, float]:
+    """CUDA ms per call of each kernel `fn` launches, by name, from torch.profiler over `iters` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        # Self time: a kernel's own; an operator's children carry its time, so summing stays a sum of kernels.
+        cuda_us = getattr(event, "self_device_time_total", None)
+        if cuda_us is None:
+            cuda_us = getattr(event, "self_cuda_time_total", 0.0)
+        if cuda_us and event.count:
+            times[event.key] = times.get(event.key, 0.0) + cuda_us / 1e3 / iters
+    return times
+
+
+def worker(cases: list[str], iters: int, kernels: bool = False) -> None:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -74,8 +95,17 @@ def worker(cases: list[str], iters: int) -> None:
         err = max(float((g - w.transpose(1, 2)).abs().max() / w.abs().max()) for g, w in zip(got, want))
         for _ in range(3):
             ours(), theirs()
-        print(json.dumps({"case": text, "ms": _timed(ours, iters, torch), "cudnn_ms": _timed(theirs, iters, torch),
-                          "err": err}), flush=True)
+        row = {"case": text, "ms": _timed(ours, iters, torch), "cudnn_ms": _timed(theirs, iters, torch), "err": err}
+        if kernels:
+            mine = kernel_times(ours, iters, torch)
+            row["kernels"] = {_role(name): ms for name, ms in mine.items() if name.startswith("flashgen_bwd")}
+            row["cudnn_kernels_ms"] = sum(kernel_times(theirs, iters, torch).values())
+        print(json.dumps(row), flush=True)
+
+
+def _role(kernel: str) -> str:
+    """The backward's three kernels by their names' suffixes (codegen.families.bwd_sm90: _pre, main, _post)."""
+    return "pre" if kernel.endswith("_pre") else "post" if kernel.endswith("_post") else "main"
 
 
 def main(argv: list[str]) -> int:
@@ -84,20 +114,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--case", action="append", default=[], metavar="B,S,H,D[,c]")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kernels", action="store_true", help="also each kernel's CUDA time per call (torch.profiler)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cases = args.case or list(DEFAULT_CASES)
     for c in cases:
         parse_case(c)
     if args.worker:
-        worker(cases, args.iters)
+        worker(cases, args.iters, args.kernels)
         return 0
     trees = [parse_tree(t) for t in args.tree] or [("base", ROOT)]
     results: dict[tuple[str, str], list[dict]] = {}
     for r in range(args.rounds):
         for name, path in trees:
             cmd = [sys.executable, str(ROOT / "scripts" / "bwd_ab.py"), "--worker", "--iters", str(args.iters)]
-            cmd += [x for c in cases for x in ("--case", c)]
+            cmd += [x for c in cases for x in ("--case", c)] + (["--kernels"] if args.kernels else [])
             proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
             if proc.returncode:
                 print(f"round {r} {name}: worker failed\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -114,6 +145,11 @@ def main(argv: list[str]) -> int:
             ratio = statistics.median(x["cudnn_ms"] / x["ms"] for x in rows)
             print(f"{c:<20} {name:<10} {ms:8.3f} {statistics.median(x['cudnn_ms'] for x in rows):9.3f} "
                   f"{ratio:6.3f}x {max(x['err'] for x in rows):9.2e}")
+            if args.kernels:
+                split = {k: statistics.median(x["kernels"].get(k, 0.0) for x in rows) for k in ("pre", "main", "post")}
+                cudnn = statistics.median(x["cudnn_kernels_ms"] for x in rows)
+                print(f"{'':<20} {'':<10} kernels: pre {split['pre']:.3f} main {split['main']:.3f} post "
+                      f"{split['post']:.3f} ms; cuDNN's kernels {cudnn:.3f} ms")
     return 0
 
 

@@ -331,3 +331,9 @@ def test_bwd_ab_stops_with_the_workers_error_when_a_worker_fails(tmp_path, capsy
     assert _bwd_ab().main(["--tree", f"bad={tmp_path}", "--case", "1,128,1,64", "--rounds", "1"]) == 1
     err = capsys.readouterr().err
     assert "round 0 bad: worker failed" in err and "broken tree" in err
+
+
+def test_bwd_ab_names_the_backwards_kernels_by_their_role():
+    ab = _bwd_ab()
+    name = "flashgen_bwd_sm_90a_s1000_sk1000_h8_kvh2_d128_bf16_full_st2"
+    assert [ab._role(name + suffix) for suffix in ("_pre", "", "_post")] == ["pre", "main", "post"]
