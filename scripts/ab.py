@@ -88,6 +88,7 @@ def main(argv: list[str]) -> int:
     variants = [parse_variant(v) for v in args.variant]
     if len({n for n, _ in variants} | set(args.peer)) != len(variants) + len(args.peer):
         raise SystemExit("variant and peer names must differ")
+    peers = [(name, PEERS[name]) for name in args.peer]
     config = BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
                          warmup=args.warmup, seed=0, out=None, command="ab")
     torch.manual_seed(0)
@@ -97,7 +98,6 @@ def main(argv: list[str]) -> int:
         # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
         yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
         # cuDNN and every variant are timed in interleaved rounds (bench.gpu_run.measure_together).
-        peers = [(name, PEERS[name]) for name in args.peer]
         cudnn, *rows = measure_together(
             torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants]
             + [(peer, None) for _, peer in peers], case, inputs, config)
