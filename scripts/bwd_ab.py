@@ -4,12 +4,12 @@
     python3 scripts/bwd_ab.py --tree base=. --tree swz=.scratch/pA [--case 4,4096,32,128] [--case 4,4096,32,128,c]
 
 A tree is NAME=PATH, a checkout (or a patched copy of one, e.g. with a bench/wip patch applied): two trees' codegen
-cannot share a process, so each round runs one worker process per tree (PYTHONPATH=PATH), in turn. A worker times
-codegen.backward.attention_backward on the forward's own o and lse, and cuDNN's backward (SDPA CUDNN_ATTENTION,
-.backward() on a retained graph) on the same inputs, by CUDA events over --iters calls behind a GPU sleep, and
-checks dq/dk/dv against cuDNN's (bf16 both: a broken variant shows errors of order 1, not a precise bound; the GPU
-tests are the correctness check). Printed: per case and tree, the median over rounds of flashgen's ms and of its
-ratio to the cuDNN measured in the same process. A case is B,S,H,D[,c] (c: causal), bf16, H_kv = H.
+cannot share a process, so each round runs one worker process per tree (PYTHONPATH=PATH), in turn. A worker
+measures each case as `gen.py bench --matrix backward` does (bench.backward.bench_backward_case, flashgen and
+cuDNN only: the backward kernels on a saved o and lse, and o.backward() as users call it, in interleaved rounds;
+dq, dk, dv against float64), with the tree's own bench and codegen. Printed: per case and tree, the medians over
+rounds of flashgen's ms, its ratio to the cuDNN of the same process, the ratio of the two .backward() calls, and
+the worst relative errors of both. A case is B,S,H,D[,c] (c: causal), bf16, H_kv = H.
 `--kernels` adds where each tree's time goes: the CUDA time of each of its kernels (_pre, the main kernel, _post)
 per call, from torch.profiler over --iters calls, beside cuDNN's kernels summed.
 """
@@ -38,20 +38,9 @@ def parse_case(text: str) -> tuple[int, int, int, int, bool]:
 
 def parse_tree(text: str) -> tuple[str, pathlib.Path]:
     name, sep, path = text.partition("=")
-    if not sep or not name or not (pathlib.Path(path) / "codegen").is_dir():
-        raise SystemExit(f"--tree {text!r}: expected NAME=PATH of a tree with codegen/")
+    if not sep or not name or not all((pathlib.Path(path) / d).is_dir() for d in ("codegen", "bench")):
+        raise SystemExit(f"--tree {text!r}: expected NAME=PATH of a tree with codegen/ and bench/")
     return name, pathlib.Path(path).resolve()
-
-
-def _timed(fn, iters: int, torch) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(2_000_000)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def kernel_times(fn, iters: int, torch) -> dict[str, float]:
@@ -73,33 +62,38 @@ def kernel_times(fn, iters: int, torch) -> dict[str, float]:
     return times
 
 
-def worker(cases: list[str], iters: int, kernels: bool = False) -> None:
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def worker(cases: list[str], iters: int, kernels: bool = False, torch=None) -> None:
+    """Each case through `gen.py bench --matrix backward`'s own measurement (bench.backward.bench_backward_case:
+    interleaved rounds, the o.backward() call users make, errors against float64), flashgen and cuDNN only; one
+    JSON line per case. `torch`: the module (tests pass a CPU stand-in)."""
+    if torch is None:
+        import torch
 
-    import codegen
-    from codegen.backward import attention_backward  # after codegen.attention (codegen/backward.py)
+    from bench.backward import (_flashgen_backward_calls, _sdpa_backward_calls, bench_backward_case,
+                                finalize_backward, make_backward_inputs)
+    from bench.cases import Case
+    from bench.config import parse_config
+    from bench.peers import _sdpa_backend
 
+    config = parse_config(["--matrix", "backward", "--peers", "flashgen,cudnn", "--iters", str(iters), "--no-save"])
     for text in cases:
         b, s, h, d, causal = parse_case(text)
+        case = Case(b, s, h, d, dtype="bf16", causal=causal)
         torch.manual_seed(0)
-        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        o, lse = codegen.attention(q, k, v, causal=causal, return_lse=True)
-        ours = lambda: attention_backward(q, k, v, o, lse, do, causal=causal)  # noqa: E731
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        dot = do.transpose(1, 2)
-        theirs = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)  # noqa: E731
-        got, want = ours(), theirs()
-        err = max(float((g - w.transpose(1, 2)).abs().max() / w.abs().max()) for g, w in zip(got, want))
-        for _ in range(3):
-            ours(), theirs()
-        row = {"case": text, "ms": _timed(ours, iters, torch), "cudnn_ms": _timed(theirs, iters, torch), "err": err}
+        rows, fault = bench_backward_case(torch, case, config, progress=lambda line: None)
+        by = {r.impl: r for r in finalize_backward(rows)}
+        ours, cudnn = by.get("flashgen"), by.get("cudnn")
+        if fault or ours is None or ours.ms is None or cudnn is None or cudnn.ms is None:
+            raise SystemExit(f"{text}: {fault or (ours and (ours.error or ours.skipped)) or 'no flashgen row'}")
+        row = {"case": text, "ms": ours.ms, "cudnn_ms": cudnn.ms, "call_ms": ours.call_ms,
+               "cudnn_call_ms": cudnn.call_ms, "err": ours.rel_err, "cudnn_err": cudnn.rel_err}
         if kernels:
-            mine = kernel_times(ours, iters, torch)
+            inputs, _ = make_backward_inputs(torch, case)
+            mine = kernel_times(_flashgen_backward_calls(torch, inputs, case)[0], iters, torch)
             row["kernels"] = {_role(name): ms for name, ms in mine.items() if name.startswith("flashgen_bwd")}
-            row["cudnn_kernels_ms"] = sum(kernel_times(theirs, iters, torch).values())
+            with _sdpa_backend("CUDNN_ATTENTION")(torch):
+                theirs = _sdpa_backward_calls(torch, inputs, case)[0]
+                row["cudnn_kernels_ms"] = sum(kernel_times(theirs, iters, torch).values())
         print(json.dumps(row), flush=True)
 
 
@@ -137,14 +131,17 @@ def main(argv: list[str]) -> int:
                 if line.startswith("{"):
                     row = json.loads(line)
                     results.setdefault((row["case"], name), []).append(row)
-    print(f"{'case':<20} {'tree':<10} {'ms':>8} {'cudnn ms':>9} {'ratio':>7} {'max err':>9}")
+    print(f"{'case':<20} {'tree':<10} {'ms':>8} {'cudnn ms':>9} {'ratio':>7} {'call':>7} {'rel err':>9} "
+          f"{'cuDNN err':>9}")
     for c in cases:
         for name, _ in trees:
             rows = results.get((c, name), [])
             ms = statistics.median(x["ms"] for x in rows)
             ratio = statistics.median(x["cudnn_ms"] / x["ms"] for x in rows)
+            calls = [x["cudnn_call_ms"] / x["call_ms"] for x in rows if x["call_ms"] and x["cudnn_call_ms"]]
+            call = f"{statistics.median(calls):6.3f}x" if calls else f"{'-':>7}"
             print(f"{c:<20} {name:<10} {ms:8.3f} {statistics.median(x['cudnn_ms'] for x in rows):9.3f} "
-                  f"{ratio:6.3f}x {max(x['err'] for x in rows):9.2e}")
+                  f"{ratio:6.3f}x {call} {max(x['err'] for x in rows):9.2e} {max(x['cudnn_err'] for x in rows):9.2e}")
             if args.kernels:
                 split = {k: statistics.median(x["kernels"].get(k, 0.0) for x in rows) for k in ("pre", "main", "post")}
                 cudnn = statistics.median(x["cudnn_kernels_ms"] for x in rows)

@@ -319,15 +319,16 @@ def test_bwd_ab_reads_cases_and_trees_and_refuses_bad_ones(tmp_path):
     for bad in ("4,4096,32", "4,4096,32,128,x"):
         with pytest.raises(SystemExit, match="expected B,S,H,D"):
             ab.parse_case(bad)
-    with pytest.raises(SystemExit, match="a tree with codegen/"):
+    with pytest.raises(SystemExit, match="a tree with codegen/ and bench/"):
         ab.parse_tree(f"x={tmp_path}")
     assert ab.parse_tree(f"base={ROOT}") == ("base", ROOT)
 
 
 def test_bwd_ab_stops_with_the_workers_error_when_a_worker_fails(tmp_path, capsys):
-    # The worker of a tree whose codegen cannot import fails before timing anything; the table is not printed.
-    (tmp_path / "codegen").mkdir()
-    (tmp_path / "codegen" / "__init__.py").write_text("raise ImportError('broken tree')\n")
+    # The worker of a tree whose packages cannot import fails before timing anything; the table is not printed.
+    for package in ("codegen", "bench"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("raise ImportError('broken tree')\n")
     assert _bwd_ab().main(["--tree", f"bad={tmp_path}", "--case", "1,128,1,64", "--rounds", "1"]) == 1
     err = capsys.readouterr().err
     assert "round 0 bad: worker failed" in err and "broken tree" in err
@@ -337,3 +338,26 @@ def test_bwd_ab_names_the_backwards_kernels_by_their_role():
     ab = _bwd_ab()
     name = "flashgen_bwd_sm_90a_s1000_sk1000_h8_kvh2_d128_bf16_full_st2"
     assert [ab._role(name + suffix) for suffix in ("_pre", "", "_post")] == ["pre", "main", "post"]
+
+
+def test_bwd_ab_worker_measures_as_the_backward_matrix_does(cpu_case, capsys):
+    """The worker's line for a case comes from bench_backward_case (here on CPU tensors with stand-ins): flashgen's
+    and cuDNN's kernel and call times and their errors against float64."""
+    import torch
+
+    _bwd_ab().worker(["2,32,2,16,c"], 10, torch=CpuTorch(torch))
+    (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert line["case"] == "2,32,2,16,c" and line["ms"] > 0 and line["cudnn_ms"] > 0
+    assert line["call_ms"] > 0 and line["cudnn_call_ms"] > 0
+    assert line["err"] < 1e-2 and line["cudnn_err"] < 3e-2
+
+
+def test_bwd_ab_worker_stops_on_a_flashgen_row_without_a_time(cpu_case, monkeypatch):
+    import torch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel fault")
+
+    monkeypatch.setitem(sys.modules, "codegen.backward", types.SimpleNamespace(attention_backward=broken))
+    with pytest.raises(SystemExit, match="kernel fault"):
+        _bwd_ab().worker(["2,32,2,16"], 10, torch=CpuTorch(torch))
