@@ -131,6 +131,9 @@ def main(argv: list[str]) -> int:
                 if line.startswith("{"):
                     row = json.loads(line)
                     results.setdefault((row["case"], name), []).append(row)
+                    # Progress, and the rounds so far if a time limit cuts the run short.
+                    print(f"round {r} {name:<10} {row['case']:<20} {row['ms']:8.3f} ms, cuDNN {row['cudnn_ms']:8.3f} ms",
+                          file=sys.stderr, flush=True)
     print(f"{'case':<20} {'tree':<10} {'ms':>8} {'cudnn ms':>9} {'ratio':>7} {'call':>7} {'rel err':>9} "
           f"{'cuDNN err':>9}")
     for c in cases:
