@@ -172,3 +172,26 @@ def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     lane_masks = tuple(1 << b for b, image in enumerate(acc.bases["lane"]) if not image["row"])
     return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names),
                      row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit, row_lane_masks=lane_masks)
+
+
+def address_bases(offsets_of, values) -> tuple[tuple[int, int, int], ...]:
+    """Split per-thread addresses into a few bases plus immediates: (i, base, imm) for each value i, in order, with
+    offsets_of(i) == offsets_of(base) + imm for every thread (offsets_of returns one offset per thread, any shape).
+
+    A swizzle XORs some register bits into address bits a thread's own index also sets; those values need a base
+    of their own, every other register bit only adds. A kernel that computes the bases once and addresses each
+    store as base + immediate holds a few address registers where the compiler would otherwise hoist one per store.
+    """
+    bases: list[int] = []
+    out = []
+    for i in values:
+        here = np.asarray(offsets_of(i))
+        for b in bases:
+            diff = here - np.asarray(offsets_of(b))
+            if np.all(diff == diff.flat[0]):
+                out.append((i, b, int(diff.flat[0])))
+                break
+        else:
+            bases.append(i)
+            out.append((i, i, 0))
+    return tuple(out)

@@ -3,13 +3,15 @@ spills, its CLI, and attention_backward's input checks (the GPU results are test
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import gen
 from codegen.build import build
-from codegen.families.bwd_sm90 import BackwardSpec, Plan, post_name, pre_name, resolve
+from codegen.families.bwd_sm90 import BackwardSpec, Plan, context, post_name, pre_name, resolve
 from codegen.spec import SpecError
 from layouts import LayoutError, derive_operand, fragments
+from layouts.cexpr import compile_c_expr
 from layouts.operands import read_tile
 
 
@@ -43,10 +45,140 @@ def test_a_read_off_the_tiles_rows_fails_verification():
         read_tile(k, row_name="k", k_name="n", rows=64, k_first=8)
 
 
+def test_query_blocks_are_128_at_d64_and_64_above():
+    for d, block_m, by in ((64, 128, "rows"), (96, 64, None), (128, 64, "columns")):
+        plan = plan_of(head_dim=d)
+        assert plan.block_m == block_m and f"_d{d}_m{block_m}_" in plan.spec.name
+        assert (plan.dq_split.by if plan.dq_split else None) == by
+        assert plan.smem.row_bytes == block_m * d * 2 and plan.smem.stats_bytes == block_m * 4
+        assert plan.padded_rows == -(-1000 // block_m) * block_m
+    rows = plan_of(head_dim=64).dq_split
+    assert (rows.row0, rows.col0, rows.cols) == ((0, 64), (0, 0), 64)
+    # Consumer c's A is the 64-query window at column 64c of a dS^T tile (64 keys x 128 queries, two 128-byte atoms).
+    assert rows.a[1].descriptor_objects()[0].start_address - rows.a[0].descriptor_objects()[0].start_address == 64 * 128
+    # 64-query blocks at D=64 still build (columns of 32): the layout the 128-query blocks replaced.
+    forced = plan_of(head_dim=64, block_m=64)
+    assert forced.block_m == 64 and forced.dq_split.by == "columns" and forced.dq_split.cols == 32
+
+
+def test_soft_capped_kernels_keep_64_query_blocks_at_d64():
+    assert plan_of(head_dim=64, softcap=30.0).block_m == 64 and plan_of(head_dim=64).block_m == 128
+
+
+@pytest.mark.parametrize("kw, match", [(dict(head_dim=128, block_m=128), "at most 64"),
+                                       (dict(head_dim=64, block_m=128, softcap=30.0), "and a soft cap"),
+                                       (dict(head_dim=64, block_m=96), "block_m must be 64 or 128")])
+def test_query_blocks_that_do_not_fit_are_refused(kw, match):
+    with pytest.raises(SpecError, match=match):
+        plan_of(**kw)
+
+
 def test_half_the_head_dim_is_a_verified_read_only_on_a_swizzle_atom():
     assert plan_of(head_dim=128).dq_split is not None and plan_of(head_dim=64).dq_split is not None
     plan = plan_of(head_dim=96)
     assert plan.dq_split is None and [(c.first, c.cols) for c in plan.dq_chunks] == [(0, 64), (64, 32)]
+
+
+def _fragment_c(ctx):
+    """The accumulator's row and column as the templates render them, evaluable over arrays."""
+    row = compile_c_expr(ctx["acc"].row_c, ("warp", "lane", "i"))
+    col = compile_c_expr(ctx["acc"].col_c, ("lane", "i"))
+    lane, warp = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), indexing="ij"))
+    return (lambda i: np.asarray(row({"warp": warp, "lane": lane, "i": np.full(lane.shape, i)})),
+            lambda i: np.asarray(col({"lane": lane, "i": np.full(lane.shape, i)})))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dq_staged_by_the_consumers_is_where_post_reads_it(head_dim):
+    """Split mode, emulated from the rendered texts and constants: consumer c stores its value pairs at base +
+    immediate (c * kDqRowStep, c * kDqColStep, kDqBaseValue, kDqStoreBase, kDqStoreImm, dq_col), every element of the fp32 tile
+    exactly once, and _post finds (row, 2c) at row * D + dq_col(row, 2c) with (row, 2c + 1) right after it.
+    D=128 splits 64-query blocks by columns, D=64 128-query blocks by rows."""
+    d = head_dim
+    plan = plan_of(head_dim=d)
+    ctx = context(plan)
+    split = ctx["dq_split"]
+    assert split["by"] == {64: "rows", 128: "columns"}[d]
+    acc_row, acc_col = _fragment_c(ctx)
+    dq_col = compile_c_expr(ctx["dq_col_c"], ("row", "col"))
+    tile = np.full(plan.block_m * d, -1)
+    assert len(ctx["dq_stores"]) == split["cols"] // 4
+    for row0, col0 in zip(split["row0"], split["col0"]):
+        for j, store in enumerate(ctx["dq_stores"]):
+            b = ctx["dq_store_bases"][store["base"]]
+            row = row0 + acc_row(b)
+            address = 4 * (row * d + dq_col({"row": row, "col": col0 + acc_col(b)})) + store["imm"]
+            assert np.all(address % 8 == 0)  # st.shared.v2.f32
+            for h in range(2):
+                slot = address // 4 + h
+                assert np.all(tile[slot] == -1), "an element stored twice"
+                tile[slot] = (row0 + acc_row(2 * j + h)) * d + col0 + acc_col(2 * j + h)
+    assert np.all(tile >= 0)
+    rows, pairs = (g.ravel() for g in np.meshgrid(np.arange(plan.block_m), np.arange(d // 2), indexing="ij"))
+    first = rows * d + dq_col({"row": rows, "col": 2 * pairs})
+    assert np.array_equal(tile[first], rows * d + 2 * pairs)
+    assert np.array_equal(tile[first + 1], rows * d + 2 * pairs + 1)
+
+
+def _place(smem, tile, base, values):
+    """values (coords of the tile, in its coords' order) as 16-bit integers at the tile's formula offsets."""
+    names = tuple(tile.coords)
+    grid = np.meshgrid(*(np.arange(tile.coords[n]) for n in names), indexing="ij")
+    offset = base + np.asarray(compile_c_expr(tile.formula_c, names)(dict(zip(names, grid))), dtype=np.int64)
+    bits = values.astype(np.int16).view(np.uint16)
+    smem[offset], smem[offset + 1] = (bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8)
+
+
+def _read(smem, read, base, kk, rows):
+    """(rows x 16) slice kk of a TileRead at shared address `base`, as wgmma reads it (layouts.mma's model)."""
+    import dataclasses
+
+    from layouts.mma import mma_read_byte
+
+    desc = read.descriptor_objects()[kk]
+    desc = dataclasses.replace(desc, start_address=desc.start_address + base)
+    r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+    at = mma_read_byte(desc, major=read.major, elem_bytes=2, row=r, k=k)
+    return (smem[at].astype(np.uint16) | (smem[at + 1].astype(np.uint16) << 8)).view(np.int16).astype(np.int64)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dq_split_reads_compose_to_ds_times_k(head_dim):
+    """The split dQ loop as the template runs it (kk over both consumers' dS^T tiles: A slice kk % L of tile kk / L,
+    B slice kk of K), with every operand byte read through the descriptor model, gives each consumer its part of
+    dS K: rows [row0, row0 + 64) x columns [col0, col0 + cols) of the block's dQ."""
+    plan = plan_of(head_dim=head_dim)
+    split, d, bm = plan.dq_split, head_dim, plan.block_m
+    rng = np.random.default_rng(0)
+    k = rng.integers(-3, 4, size=(128, d))          # keys x head dim
+    ds = rng.integers(-3, 4, size=(bm, 128))        # queries x keys
+    smem = np.zeros(1 << 18, dtype=np.uint8)
+    k_base, ds_base = 0, 65536
+    _place(smem, plan.k, k_base, k)
+    for tile in range(2):  # consumer tile's dS^T: its 64 keys x the block's queries
+        _place(smem, plan.ds, ds_base + tile * plan.smem.ds_bytes, ds[:, 64 * tile:64 * tile + 64].T)
+    slices = len(split.a[0].slices)
+    for c in range(2):
+        dq = np.zeros((64, split.cols), dtype=np.int64)
+        for kk in range(2 * slices):
+            a = _read(smem, split.a[c], ds_base + (kk // slices) * plan.smem.ds_bytes, kk % slices, 64)
+            b = _read(smem, split.b[c], k_base, kk, split.cols)
+            dq += a @ b.T
+        want = ds[split.row0[c]:split.row0[c] + 64] @ k[:, split.col0[c]:split.col0[c] + split.cols]
+        assert np.array_equal(dq, want), f"consumer {c}"
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_ds_stores_from_bases_land_where_the_tile_formula_says(head_dim):
+    ctx = context(plan_of(head_dim=head_dim))
+    acc_row, acc_col = _fragment_c(ctx)
+    ds_offset = compile_c_expr(ctx["ds_offset_c"], ("n", "k"))
+    # The 128-byte swizzle XORs all three chunk bits of a 64-query atom: 8 bases for the 16 or 32 stores.
+    assert len(ctx["ds_store_bases"]) == 8 and len(ctx["ds_stores"]) == ctx["block_m"] // 4
+    for j, store in enumerate(ctx["ds_stores"]):
+        b = ctx["ds_store_bases"][store["base"]]
+        at_base = ds_offset({"n": acc_row(b), "k": acc_col(b)})
+        assert np.array_equal(at_base + store["imm"], ds_offset({"n": acc_row(2 * j), "k": acc_col(2 * j)}))
 
 
 def test_accumulator_coordinates_are_a_thread_part_plus_a_register_part():
@@ -68,6 +200,7 @@ def test_bad_specs_say_why(kw, match):
 
 
 SPECS = [dict(), dict(causal=True), dict(head_dim=64, dtype="f16", seq_len=17, seq_len_k=4096),
+         dict(head_dim=64, block_m=64, causal=True),
          dict(head_dim=96, causal=True, window=(100, -1)), dict(softcap=30.0, causal=True, window=(64, 0)),
          dict(deterministic=True, causal=True), dict(seq_len=512, seq_len_k=128, causal=True, kv_heads=1)]
 
@@ -102,7 +235,7 @@ def test_banded_grids_of_a_few_waves_launch_the_long_ctas_first():
 
 def test_cli_emits_the_backward_kernels(tmp_path, capsys):
     assert gen.main(["--shape", "1000,16,128", "--kv-heads", "4", "--causal", "--backward", "--out", str(tmp_path)]) == 0
-    name = "flashgen_bwd_sm_90a_s1000_sk1000_h16_kvh4_d128_f16_causal_st2"
+    name = "flashgen_bwd_sm_90a_s1000_sk1000_h16_kvh4_d128_m64_f16_causal_st2"
     assert (tmp_path / f"{name}.cu").is_file() and (tmp_path / f"{name}.json").is_file()
     assert "0 bytes stored" in capsys.readouterr().out
 

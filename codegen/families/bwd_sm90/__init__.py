@@ -3,7 +3,10 @@ plan in plan.py, the ABI in abi.py)."""
 
 from __future__ import annotations
 
-from layouts import fragments
+import numpy as np
+
+from layouts import fragments, staging
+from layouts.cexpr import compile_c_expr
 
 from codegen.abi import MBARRIER_BYTES
 
@@ -11,7 +14,7 @@ from .. import Family
 from ..fwd_sm90 import describe_descriptors
 from ..fwd_sm90.abi import LOG2E
 from . import abi as bwd_abi
-from .plan import (BLOCK_M, BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
+from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
                    ROW_THREADS, ROW_WARPS, BackwardSpec, Plan, make_plan, resolve)
 
 __all__ = ["BackwardSpec", "Plan", "FAMILY", "make_plan", "resolve"]
@@ -49,7 +52,7 @@ def summary(plan: Plan) -> str:
     s = plan.spec
     return (f"{s.name}: backward, S_q={s.seq_len} S_k={s.seq_len_k} H={s.heads} over H_kv={s.kv_heads}, "
             f"D={s.head_dim} {s.dtype}, {'causal' if s.causal else 'non-causal'}, {BLOCK_N}-key CTAs over "
-            f"{BLOCK_M}-query blocks, {s.stages} stages")
+            f"{plan.block_m}-query blocks, {s.stages} stages")
 
 
 def _descs(read) -> tuple[list[int], str]:
@@ -57,12 +60,40 @@ def _descs(read) -> tuple[list[int], str]:
     return values, describe_descriptors(values)
 
 
+def _ds_store_bases(plan: Plan) -> tuple[tuple[int, int, int], ...]:
+    """dS^T's 32-bit stores (value pairs i, i + 1 of the 64 x block_m accumulator at ds_offset, the tile's
+    rendered formula) as bases plus immediates (fragments.address_bases)."""
+    acc = fragments.wgmma_accumulator(plan.block_m)
+    offset = compile_c_expr(plan.ds.formula_c, ("n", "k"))
+    lane, warp = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), indexing="ij"))
+
+    def offsets(i: int):
+        at = acc.apply({"lane": lane, "warp": warp, "reg": np.full(lane.shape, i)})
+        return offset({"n": np.asarray(at["row"]), "k": np.asarray(at["col"])})
+
+    return fragments.address_bases(offsets, range(0, plan.block_m // 2, 2))
+
+
+def _split_context(split) -> dict:
+    return {"by": split.by, "cols": split.cols, "row0": split.row0, "col0": split.col0, "shared_a": split.shared_a,
+            "a": [r.descriptors() for r in split.a], "a_fields": describe_descriptors(split.a[0].descriptors()),
+            "b": [r.descriptors() for r in split.b], "b_fields": describe_descriptors(split.b[0].descriptors())}
+
+
 def context(plan: Plan) -> dict:
-    s = plan.spec
-    for n in (BLOCK_M, s.head_dim, s.head_dim // 2) + tuple(c.cols for c in plan.dq_chunks):
+    s, split, block_m = plan.spec, plan.dq_split, plan.block_m
+    for n in (block_m, s.head_dim) + tuple(c.cols for c in plan.dq_chunks) + ((split.cols,) if split else ()):
         fragments.check_accumulator_prefix(n)
-    fragments.check_separable(BLOCK_M)  # the mask adds a per-register offset to a thread's value 0 (mainloop.j2)
-    fragments.s_slice_is_a_operand(BLOCK_M)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
+    fragments.check_separable(block_m)  # the mask adds a per-register offset to a thread's value 0 (mainloop.j2)
+    fragments.s_slice_is_a_operand(block_m)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
+    staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered
+    stores = ()
+    if split:  # consumer c stages its 64 x cols part at its origin: every paired store at 2 wavefronts
+        staging.check_fragment_stores(s.head_dim, split.cols, split.origins)
+        stores = staging.fragment_store_bases(s.head_dim, split.cols, split.origins)
+    bases = sorted({base for _, base, _ in stores})
+    ds_stores = _ds_store_bases(plan)
+    ds_bases = sorted({base for _, base, _ in ds_stores})
     if not plan.ds_pair_contiguous:
         raise AssertionError("the dS^T tile must keep adjacent queries contiguous for its 32-bit stores")
     import codegen
@@ -71,9 +102,9 @@ def context(plan: Plan) -> dict:
     q_as_b_mn, q_as_b_mn_fields = _descs(plan.q_as_b_mn)
     ds_as_a, ds_as_a_fields = _descs(plan.ds_as_a)
     kv_as_a = [r.descriptors() for r in plan.kv_as_a]
-    split = plan.dq_split
-    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads} | {r.transpose for r in split or ()}
+    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads} | {r.transpose for r in (split.b if split else ())}
     (dq_trans,) = transposes
+    (ds_as_a_trans,) = {plan.ds_as_a.transpose} | {r.transpose for r in (split.a if split else ())}  # one dq wgmma
     (kv_as_a_trans,) = {r.transpose for r in plan.kv_as_a}
     tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
                   "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
@@ -94,7 +125,7 @@ def context(plan: Plan) -> dict:
         "heads": s.heads,
         "group": s.group,
         "head_dim": s.head_dim,
-        "block_m": BLOCK_M,
+        "block_m": block_m,
         "block_n": BLOCK_N,
         "keys_per_consumer": KEYS_PER_CONSUMER,
         "stages": s.stages,
@@ -123,13 +154,16 @@ def context(plan: Plan) -> dict:
         "q_as_b_mn_trans": plan.q_as_b_mn.transpose,
         "ds_as_a": ds_as_a,
         "ds_as_a_fields": ds_as_a_fields,
-        "ds_as_a_trans": plan.ds_as_a.transpose,
+        "ds_as_a_trans": ds_as_a_trans,
         "ds_offset_c": plan.ds.formula_c,
+        "dq_col_c": staging.column_swizzle_c(s.head_dim),
+        "dq_store_bases": bases,
+        "ds_store_bases": ds_bases,
+        "ds_stores": [{"base": ds_bases.index(base), "imm": imm} for _, base, imm in ds_stores],
+        "dq_stores": [{"base": bases.index(base), "imm": imm} for _, base, imm in stores],
         "dq_trans": dq_trans,
-        "dq_widths": sorted({c.cols for c in plan.dq_chunks} | ({s.head_dim // 2} if split else set())),
-        "dq_split": [r.descriptors() for r in split] if split else None,
-        "dq_split_fields": describe_descriptors(split[0].descriptors()) if split else "",
-        "dq_split_cols": s.head_dim // 2,
+        "dq_widths": sorted({c.cols for c in plan.dq_chunks} | ({split.cols} if split else set())),
+        "dq_split": _split_context(split) if split else None,
         "ds_buffers": plan.ds_buffers,
         "dq_stage_bytes": plan.dq_stage_bytes,
         "deterministic": s.deterministic,

@@ -40,11 +40,17 @@ WARPS_PER_WARPGROUP = 4
 CONSUMERS = 2                 # warpgroups of 64 keys each
 KEYS_PER_CONSUMER = 64        # the M of S^T = K Q^T (wgmma is m64)
 BLOCK_N = CONSUMERS * KEYS_PER_CONSUMER
-BLOCK_M = 64                  # queries per ring slot: the N of S^T and the K of dV += P^T dO
-# dK and dV (head_dim / 2 f32 each per thread) live for the whole loop beside S^T, dP^T (BLOCK_M / 2 each) and a
-# dQ chunk: with head dims above 128 they do not fit 240 registers (a split of dK/dV across warpgroups is not
-# written yet).
-HEAD_DIMS = (64, 96, 128)
+# Queries per ring slot (the N of S^T, the K of dV += P^T dO), by head dim. dK and dV (head_dim / 2 f32 each per
+# thread) live for the whole loop beside S^T and dP^T (block_m / 2 each): 128 queries fit 240 registers only at
+# D=64, where they also halve the shared-memory reads per query of S^T's and dP^T's A (K, V) and of dQ's B (K):
+# per 128 queries and consumer 112 KB instead of 144 KB (bench/LOG.md "Backward", b6; FA3's hopper/ picks
+# 128 x 128 at D=64 and 64 x 128 above). With head dims above 128 dK and dV do not fit beside 64 queries either
+# (a split of dK/dV across warpgroups is not written yet).
+BLOCK_M_BY_HEAD_DIM = {64: 128, 96: 64, 128: 64}
+HEAD_DIMS = tuple(BLOCK_M_BY_HEAD_DIM)
+# A soft cap keeps its tanh slope beside S^T: 128 queries at D=64 then spill 8 bytes (72 of the 120 soft-capped
+# D=64 specs of b6's sweep; FA3 also drops to 96 x 128 there), so soft-capped kernels keep 64-query blocks.
+SOFTCAP_BLOCK_M = 64
 DQ_CHUNK_COLS = 64            # dQ += dS K is issued in chunks of at most this N (registers; whole swizzle atoms)
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 SMEM_LIMIT = 227 * 1024
@@ -75,6 +81,7 @@ class BackwardSpec:
     window: tuple[int, int] = (-1, -1)  # (left, right) around each query's diagonal i + S_k - S_q; -1 unbounded
     softcap: float = 0.0
     stages: int = STAGES
+    block_m: int = 0  # queries per ring slot; 0: BLOCK_M_BY_HEAD_DIM (resolve fills it in)
     # dQ's key blocks add in a fixed order (each waits for its turn), so gradients are bit-identical run to run.
     deterministic: bool = False
     arch: str = "sm_90a"
@@ -99,6 +106,18 @@ class BackwardSpec:
              f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
         need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
         need(isinstance(self.stages, int) and 2 <= self.stages <= 4, f"stages must be 2..4, got {self.stages!r}")
+        need(self.block_m in (0, KEYS_PER_CONSUMER, 2 * KEYS_PER_CONSUMER),
+             f"block_m must be {KEYS_PER_CONSUMER} or {2 * KEYS_PER_CONSUMER} (0: by head dim), got {self.block_m!r}")
+        need(self.block_m <= self.max_block_m,
+             f"block_m {self.block_m} with head_dim {self.head_dim}{' and a soft cap' if self.softcap else ''}: S^T "
+             f"and dP^T of {self.block_m} queries do not fit the registers beside dK and dV; at most "
+             f"{self.max_block_m}")
+
+    @property
+    def max_block_m(self) -> int:
+        """The most queries per ring slot whose S^T and dP^T fit beside dK and dV (the default block_m)."""
+        most = BLOCK_M_BY_HEAD_DIM[self.head_dim]
+        return min(most, SOFTCAP_BLOCK_M) if self.softcap else most
 
     @property
     def group(self) -> int:
@@ -115,8 +134,9 @@ class BackwardSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
         if self.deterministic:
             extras += "_det"
+        rows = f"_m{self.block_m}" if self.block_m else ""
         return (f"flashgen_bwd_{self.arch}_s{self.seq_len}_sk{self.seq_len_k}_h{self.heads}_kvh{self.kv_heads}"
-                f"_d{self.head_dim}_{self.dtype}_{'causal' if self.causal else 'full'}_st{self.stages}{extras}")
+                f"_d{self.head_dim}{rows}_{self.dtype}_{'causal' if self.causal else 'full'}_st{self.stages}{extras}")
 
     def replace(self, **changes) -> "BackwardSpec":
         return dataclasses.replace(self, **changes)
@@ -131,7 +151,7 @@ class BackwardSpec:
 def resolve(spec: BackwardSpec) -> BackwardSpec:
     # A bound reaching past every key is none: one kernel (and no int overflow) for all of them.
     window = tuple(-1 if w >= spec.seq_len + spec.seq_len_k else w for w in spec.window)
-    spec = spec.replace(window=window)
+    spec = spec.replace(window=window, block_m=spec.block_m or spec.max_block_m)
     if spec.deterministic and Plan(spec).dq_split is None:
         raise SpecError(f"deterministic=True needs dQ added as one tile per key block, which head_dim {spec.head_dim} "
                         "does not have yet (its consumers add their own keys' dQ by atomics)")
@@ -148,10 +168,10 @@ class SmemMap:
     kv_bytes: int    # one K (or V) tile of BLOCK_N keys
     q_offset: int
     do_offset: int
-    row_bytes: int   # one ring slot's Q (or dO) tile of BLOCK_M queries
+    row_bytes: int   # one ring slot's Q (or dO) tile of block_m queries
     lse_offset: int
     delta_offset: int
-    stats_bytes: int  # one ring slot's BLOCK_M floats
+    stats_bytes: int  # one ring slot's block_m floats
     ds_offset: int
     ds_bytes: int    # one consumer's dS^T tile
     dq_offset: int   # split mode: the fp32 dQ tile staged for the bulk reduce-add
@@ -167,14 +187,49 @@ class DqChunk:
 
 
 @dataclass(frozen=True)
+class DqSplit:
+    """dQ += dS K split between the consumers and added as one staged fp32 tile per query block. Consumer c
+    computes the 64 x cols part of the tile at (row0[c], col0[c]) over all the block's keys: its A is dS read from
+    each consumer's dS^T tile in turn (the same read, a[c], of either tile), its B is K read MN-major (b[c])."""
+    by: str              # "columns" (64 queries, half the head dim each) or "rows" (128 queries, 64 each)
+    cols: int
+    a: tuple             # per consumer: TileRead of a dS^T tile as dQ's A (M = its queries, K = 64 keys)
+    b: tuple             # per consumer: TileRead of K as dQ's B (N = its columns, K = the block's keys)
+    row0: tuple
+    col0: tuple
+
+    def __post_init__(self) -> None:
+        # The kernel computes consumer c's origin as c times a step (no per-consumer table read at run time).
+        for origin in (self.row0, self.col0):
+            assert origin == tuple(c * origin[1] for c in range(CONSUMERS)), origin
+
+    @property
+    def origins(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self.row0, self.col0))
+
+    @property
+    def shared_a(self) -> bool:
+        """Both consumers read dS the same way (columns): the kernel indexes the A table at compile time."""
+        return all(a == self.a[0] for a in self.a)
+
+
+@dataclass(frozen=True)
 class Plan:
     spec: BackwardSpec
+
+    def __post_init__(self) -> None:
+        if not self.spec.block_m:
+            raise ValueError("Plan needs a resolved spec (block_m filled in): use make_plan or resolve")
+
+    @property
+    def block_m(self) -> int:
+        return self.spec.block_m
 
     # ----- the staged tiles (row tiles: rows of the head dim, or of queries for dS^T) -----
 
     @cached_property
     def q(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, self.spec.head_dim, BLOCK_M, self.spec.dtype)
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.block_m, self.spec.dtype)
 
     @property
     def do(self) -> layouts.OperandDerivation:
@@ -190,8 +245,8 @@ class Plan:
 
     @cached_property
     def ds(self) -> layouts.OperandDerivation:
-        """One consumer's dS^T: its 64 keys (rows) by the block's 64 queries (columns)."""
-        return _derive("k", self.spec.arch, BLOCK_M, KEYS_PER_CONSUMER, self.spec.dtype)
+        """One consumer's dS^T: its 64 keys (rows) by the block's queries (columns)."""
+        return _derive("k", self.spec.arch, self.block_m, KEYS_PER_CONSUMER, self.spec.dtype)
 
     # ----- the reads of each tile (layouts.operands.read_tile, each verified) -----
 
@@ -204,7 +259,7 @@ class Plan:
     @cached_property
     def q_as_b(self) -> TileRead:
         """Q (and dO) as the B of S^T (dP^T): N = the block's queries, K over the head dim."""
-        return read_tile(self.q, row_name="n", k_name="k", rows=BLOCK_M)
+        return read_tile(self.q, row_name="n", k_name="k", rows=self.block_m)
 
     @cached_property
     def q_as_b_mn(self) -> TileRead:
@@ -213,27 +268,37 @@ class Plan:
 
     @cached_property
     def ds_as_a(self) -> TileRead:
-        """dS^T as the A of dQ += dS K: M = the queries (the tile's columns), K over the consumer's keys."""
-        return read_tile(self.ds, row_name="k", k_name="n", rows=BLOCK_M)
+        """dS^T as the A of dQ += dS K (64 queries, the tile's columns, as M; K over the consumer's keys), where
+        each consumer adds its own keys' dQ (dq_chunks; block_m is 64 there)."""
+        return read_tile(self.ds, row_name="k", k_name="n", rows=KEYS_PER_CONSUMER)
 
     @cached_property
-    def dq_split(self) -> tuple[TileRead, ...] | None:
-        """Where the consumers split dQ's columns: consumer c computes columns [c D/2, (c+1) D/2) over all the block's
-        keys (both consumers' dS^T), so the block adds one dQ tile instead of two. Its B is K read MN-major from
-        column c D/2; None where that read does not verify (D=96: half the head dim is not on a swizzle atom), and
-        each consumer then adds its own keys' dQ (dq_chunks)."""
-        d = self.spec.head_dim
+    def dq_split(self) -> DqSplit | None:
+        """How the consumers share dQ, so the block adds one staged tile instead of two:
+        * rows (128-query blocks): consumer c computes queries [64c, 64c + 64) x the whole head dim; its A is the
+          64-query window at column 64c of each dS^T tile, its B all of K;
+        * columns (64-query blocks): consumer c computes the 64 queries x columns [c D/2, (c+1) D/2); its A is all of
+          each dS^T tile, its B K read MN-major from column c D/2.
+        None where the columns' read of K does not verify (D=96: half the head dim is not on a swizzle atom), and
+        each consumer then adds its own keys' dQ by atomics (dq_chunks)."""
+        d, rows = self.spec.head_dim, KEYS_PER_CONSUMER
+        if self.block_m == CONSUMERS * rows:
+            a = tuple(read_tile(self.ds, row_name="k", k_name="n", rows=rows, row0=rows * c) for c in range(CONSUMERS))
+            b = read_tile(self.k, row_name="k", k_name="n", rows=d)
+            return DqSplit("rows", d, a, (b,) * CONSUMERS, tuple(rows * c for c in range(CONSUMERS)), (0,) * CONSUMERS)
         try:
-            return tuple(read_tile(self.k, row_name="k", k_name="n", rows=d // CONSUMERS, row0=c * d // CONSUMERS)
-                         for c in range(CONSUMERS))
+            b = tuple(read_tile(self.k, row_name="k", k_name="n", rows=d // CONSUMERS, row0=c * d // CONSUMERS)
+                      for c in range(CONSUMERS))
         except layouts.LayoutError:
             return None
+        return DqSplit("columns", d // CONSUMERS, (self.ds_as_a,) * CONSUMERS, b, (0,) * CONSUMERS,
+                       tuple(c * d // CONSUMERS for c in range(CONSUMERS)))
 
     @property
     def dq_stage_bytes(self) -> int:
-        """The fp32 dQ tile of a query block, row-major as its accumulator rows are in global memory, which one
-        bulk reduce-add moves (split mode)."""
-        return BLOCK_M * self.spec.head_dim * 4 if self.dq_split else 0
+        """The fp32 dQ tile of a query block, in the accumulator rows' order in global memory (layouts.staging), which
+        one bulk reduce-add moves (split mode)."""
+        return self.block_m * self.spec.head_dim * 4 if self.dq_split else 0
 
     @property
     def ds_buffers(self) -> int:
@@ -269,13 +334,13 @@ class Plan:
 
     @property
     def m_blocks(self) -> int:
-        return -(-self.spec.seq_len // BLOCK_M)
+        return -(-self.spec.seq_len // self.block_m)
 
     @property
     def padded_rows(self) -> int:
         """Query rows of the per-row workspaces (log2 logsumexp, delta, dQ accumulator): whole query blocks, so
         the main kernel reads and adds them without bounds checks."""
-        return self.m_blocks * BLOCK_M
+        return self.m_blocks * self.block_m
 
     @cached_property
     def abi(self) -> KernelABI:
@@ -322,7 +387,7 @@ class Plan:
     def smem(self) -> SmemMap:
         s = self.spec
         offset, placed = 0, {}
-        stats_bytes = BLOCK_M * 4
+        stats_bytes = self.block_m * 4
         for name, align, nbytes, count in (
                 ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
                 ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
