@@ -3,17 +3,18 @@
 
     python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
                                            [--variant NAME:KNOB=VALUE,...] [--json FILE]
+    python3 scripts/clocks.py --backward [--causal] --shape 4,4096,32,128 --dtype bf16
 
 Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
 20 ms (bench/clocks.py says why this matters: under the board's power cap, time follows energy per call,
-not cycles). Variants take scripts/ab.py's knobs; `base:` (flashgen's defaults) is always run. Reads clocks
-only: nothing on the GPU is changed.
+not cycles). Variants take scripts/ab.py's knobs; `base:` (flashgen's defaults) is always run. --backward runs
+the backward instead (flashgen's kernels on a saved o and lse, cuDNN's .backward(), as the backward matrix times
+them; no variants). Reads clocks only: nothing on the GPU is changed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import pathlib
 import sys
@@ -25,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench import clocks
 from bench.cases import case_from, parse_shape
 from bench.inputs import make_inputs
-from bench.peers import PEERS
+from bench.peers import PEERS, _no_context, _sdpa_backend
 from scripts.ab import flashgen_peer, parse_variant
 from layouts.dtypes import DTYPE_NAMES
 
@@ -38,21 +39,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--backward", action="store_true", help="the backward pass (flashgen's and cuDNN's)")
+    parser.add_argument("--causal", action="store_true")
     args = parser.parse_args(argv)
+    if args.backward and args.variant:
+        parser.error("--backward takes no --variant")
     if args.seconds <= clocks.SETTLE_S:
         parser.error(f"--seconds must exceed the {clocks.SETTLE_S} s the clock is given to settle")
 
     import torch
 
-    case = case_from(parse_shape(args.shape), args.dtype, False)
+    case = case_from(parse_shape(args.shape), args.dtype, args.causal)
     torch.manual_seed(0)
-    inputs = make_inputs(torch, case)
-    q, k, v = inputs.sets[0]
-    cudnn = PEERS["cudnn"]
-    impls = {"cudnn": (cudnn.make(torch, inputs, case)[0], cudnn.context)}
-    for name, kwargs in [("flashgen", {})] + [parse_variant(v) for v in args.variant]:
-        impls[name] = (flashgen_peer(name, kwargs).make(torch, inputs, case)[0], lambda torch: contextlib.nullcontext())
-    flops = case.flops
+    if args.backward:
+        from bench import backward
+
+        inputs, _ = backward.make_backward_inputs(torch, case)
+        cudnn_context = _sdpa_backend("CUDNN_ATTENTION")
+        with cudnn_context(torch):
+            cudnn_call = backward._sdpa_backward_calls(torch, inputs, case)[0]
+        impls = {"cudnn": (cudnn_call, cudnn_context),
+                 "flashgen": (backward._flashgen_backward_calls(torch, inputs, case)[0], _no_context)}
+        flops = backward.backward_flops(case)
+    else:
+        inputs = make_inputs(torch, case)
+        cudnn = PEERS["cudnn"]
+        impls = {"cudnn": (cudnn.make(torch, inputs, case)[0], cudnn.context)}
+        for name, kwargs in [("flashgen", {})] + [parse_variant(v) for v in args.variant]:
+            impls[name] = (flashgen_peer(name, kwargs).make(torch, inputs, case)[0], _no_context)
+        flops = case.flops
 
     windows = []
     with clocks.Sampler() as sampler:

@@ -283,3 +283,38 @@ def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
         traced(128, True)
     with pytest.raises(InputError, match="backward: head_dim 192"):
         traced(192, False)
+
+
+@pytest.mark.parametrize("head_dim,lanes,rows_per_block", [(64, 8, 16), (96, 4, 32), (128, 16, 8)])
+def test_row_kernels_give_each_row_an_aligned_lane_group_of_16_byte_vectors(head_dim, lanes, rows_per_block):
+    """_pre and _post as rows.j2 maps threads: CTA x warp x lane group -> row r, lanes of a group take vectors
+    c = lane, lane + kLanes, ...; every padded row of every (sequence, head) is some group's, once, and every
+    16-byte vector of it some lane's, once."""
+    plan = plan_of(head_dim=head_dim, seq_len=1000, heads=3, kv_heads=3)
+    ctx = context(plan)
+    assert (ctx["row_lanes"], plan.rows_per_row_block, ctx["row_vector"]) == (lanes, rows_per_block, 8)
+    batch = 2
+    (ctas, _, _), warps = plan.row_grid(batch), ctx["row_warps"]
+    cta, warp, tid = (g.ravel() for g in np.meshgrid(np.arange(ctas), np.arange(warps), np.arange(32), indexing="ij"))
+    r = (cta * warps + warp) * (32 // lanes) + tid // lanes
+    total = batch * plan.spec.heads * plan.padded_rows
+    assert ctas * plan.rows_per_row_block == total  # no CTA half past the end: whole warps shuffle
+    seen = np.zeros((total, head_dim // 8), dtype=int)
+    for step in range(head_dim // 8 // lanes):
+        np.add.at(seen, (r, tid % lanes + step * lanes), 1)
+    assert np.all(seen == 1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_post_reads_each_vector_of_the_accumulator_as_one_contiguous_run(head_dim):
+    """_post loads columns [8c, 8c + 8) of a dQ accumulator row as two float4 from dq_col(row, 8c): the swizzle
+    must keep them together and in order, 32-byte aligned."""
+    ctx = context(plan_of(head_dim=head_dim))
+    dq_col = compile_c_expr(ctx["dq_col_c"], ("row", "col"))
+    vec = ctx["row_vector"]
+    assert ctx["dq_chunk_cols"] % vec == 0
+    rows, cols = (g.ravel() for g in np.meshgrid(np.arange(64), np.arange(head_dim), indexing="ij"))
+    at = np.asarray(dq_col({"row": rows, "col": cols}))
+    start = np.asarray(dq_col({"row": rows, "col": cols - cols % vec}))
+    assert np.array_equal(at, start + cols % vec)
+    assert np.all(start % vec == 0)

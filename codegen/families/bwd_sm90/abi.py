@@ -74,7 +74,7 @@ class KeyBlockGrid:
 
 @dataclass(frozen=True)
 class RowGrid:
-    """A warp per (sequence, head, padded query row), `rows_per_block` warps a CTA."""
+    """One CTA per `rows_per_block` (sequence, head, padded query row)s."""
 
     heads: int
     padded_rows: int

@@ -65,8 +65,11 @@ STAGES = 2
 LONGEST_FIRST_MAX_WAVES = 4
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
-ROW_WARPS = 4                 # the row kernels (_pre, _post): one warp per query row, four per block
+ROW_WARPS = 4                 # the row kernels (_pre, _post): four warps per block
 ROW_THREADS = 32 * ROW_WARPS
+# A row kernel's lane moves 16 bytes of the input dtype at a time (8 columns): with a warp per row and 4-byte
+# loads, _pre and _post ran at 2.4 TB/s at D=64 (bench/LOG.md, b8), far from the ~4 TB/s a copy gets.
+ROW_VECTOR_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -347,13 +350,36 @@ class Plan:
         return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * WARPS_PER_WARPGROUP,
                           kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks, split_dq=self.dq_split is not None)
 
+    @property
+    def row_vector(self) -> int:
+        """Columns a row kernel's lane loads or stores at once (ROW_VECTOR_BYTES of the input dtype)."""
+        return ROW_VECTOR_BYTES // self.spec.elem_bytes
+
+    @property
+    def row_lanes(self) -> int:
+        """Lanes of a row kernel's warp per query row: the largest power of two (at most 32) dividing the row's
+        vectors, so each lane takes the same number of them and a row's lanes are an aligned group for the
+        shuffle reduction."""
+        vectors = self.spec.head_dim // self.row_vector
+        assert vectors * self.row_vector == self.spec.head_dim, (self.spec.head_dim, self.row_vector)
+        return min(32, vectors & -vectors)
+
+    @property
+    def rows_per_row_block(self) -> int:
+        rows = ROW_WARPS * (32 // self.row_lanes)
+        # Whole warps of valid rows (the shuffle needs every lane), and whole blocks.
+        assert self.padded_rows % rows == 0, (self.padded_rows, rows)
+        return rows
+
     @cached_property
     def pre_abi(self) -> KernelABI:
-        return row_abi(PRE_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows, rows_per_block=ROW_WARPS)
+        return row_abi(PRE_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
+                       rows_per_block=self.rows_per_row_block)
 
     @cached_property
     def post_abi(self) -> KernelABI:
-        return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows, rows_per_block=ROW_WARPS)
+        return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
+                       rows_per_block=self.rows_per_row_block)
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         return self.abi.grid.dims(batch=batch)
@@ -370,7 +396,7 @@ class Plan:
         return banded and self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms
 
     def row_grid(self, batch: int) -> tuple[int, int, int]:
-        """The row kernels' grid: a warp per (sequence, head, padded query row)."""
+        """The row kernels' grid: row_lanes lanes per (sequence, head, padded query row)."""
         return self.pre_abi.grid.dims(batch=batch)
 
     @property
