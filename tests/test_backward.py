@@ -8,6 +8,7 @@ import pytest
 
 import gen
 from codegen.build import build
+from codegen.render import render
 from codegen.families.bwd_sm90 import BackwardSpec, Plan, context, post_name, pre_name, resolve
 from codegen.spec import SpecError
 from layouts import LayoutError, derive_operand, fragments
@@ -318,3 +319,17 @@ def test_post_reads_each_vector_of_the_accumulator_as_one_contiguous_run(head_di
     start = np.asarray(dq_col({"row": rows, "col": cols - cols % vec}))
     assert np.array_equal(at, start + cols % vec)
     assert np.all(start % vec == 0)
+
+
+@pytest.mark.parametrize("kw,under", [(dict(head_dim=128), True), (dict(head_dim=128, causal=True), True),
+                                      (dict(head_dim=128, softcap=30.0), False), (dict(head_dim=64), False),
+                                      (dict(head_dim=96), False)])
+def test_dq_is_staged_under_the_next_st_where_it_compiles_cleanly(kw, under):
+    """Plan.stage_under_st (LOG b9): D=128's columns split without a soft cap stages dQ under the next block's S^T and
+    scales it there, so _post must not scale it again; elsewhere dQ is staged at once and _post scales."""
+    plan = plan_of(**kw)
+    ctx = context(plan)
+    assert plan.stage_under_st is under and ctx["stage_under_st"] is under
+    source = render(plan).source
+    assert f"constexpr bool kStageUnderSt = {'true' if under else 'false'};" in source
+    assert "const float f = cfg::kStageUnderSt ? 1.f : scale;" in source

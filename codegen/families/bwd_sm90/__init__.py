@@ -170,6 +170,7 @@ def context(plan: Plan) -> dict:
         "ds_buffers": plan.ds_buffers,
         "dq_stage_bytes": plan.dq_stage_bytes,
         "deterministic": s.deterministic,
+        "stage_under_st": plan.stage_under_st,
         "dq_chunks": [{"first": c.first, "cols": c.cols, "descs": [r.descriptors() for r in c.reads],
                        "fields": describe_descriptors(c.reads[0].descriptors())} for c in plan.dq_chunks],
         "acc": fragments.wgmma_accumulator_c(),

@@ -13,7 +13,8 @@ _LSE_LOG2 = Param("lse_log2", "float* __restrict__", Pack.POINTER,
 _DELTA = Param("delta", "float* __restrict__", Pack.POINTER, f"float {_WS_ROWS}: rowsum(dO * O), 0 in padding rows",
                "delta")
 _DQ_ACCUM = Param("dq_accum", "float* __restrict__", Pack.POINTER,
-                  "float (B, H, padded S_q, D): dS K summed over every key block (zeroed by _pre)", "dq_accum")
+                  "float (B, H, padded S_q, D): dS K summed over every key block, times the scale where the main kernel "
+                  "applies it (Plan.stage_under_st; zeroed by _pre)", "dq_accum")
 _DQ_TURNS = Param("dq_turns", "int* __restrict__", Pack.POINTER,
                   "int (B, H, query blocks), zeroed by _pre: deterministic mode, the key blocks that have added into "
                   "each query block's dQ rows (each adds in its turn); null otherwise", "dq_turns")
@@ -44,7 +45,8 @@ MAIN_PARAMS = (
 POST_PARAMS = (
     _DQ_ACCUM,
     *strided_tensor("dq", "dq", "(B, S_q, H, D)"),
-    Param("scale", "float", Pack.F32, "the softmax scale (dQ's factor)", "scale"),
+    Param("scale", "float", Pack.F32, "the softmax scale: dQ's factor, where the main kernel has not applied it",
+          "scale"),
     _BATCH,
 )
 

@@ -12,7 +12,7 @@ Three kernels in one module (templates/bwd_sm90/):
   dK += dS^T Q with A in registers, and dQ += dS K with dS^T staged in shared memory, added into the fp32
   accumulator by vector atomics. dK and dV stay in registers over the whole loop (summed over a GQA group's
   query heads) and are stored once;
-* `_post` dQ = accumulator * scale in the input dtype.
+* `_post` dQ = accumulator * scale in the input dtype (the scale already in, under `stage_under_st`).
 
 Every shared-memory number comes from layouts/: the tiles from derive_operand and each of the tiles' several
 reads (K-major and MN-major, 64-row windows) from layouts.operands.read_tile, verified before rendering.
@@ -296,6 +296,13 @@ class Plan:
             return None
         return DqSplit("columns", d // CONSUMERS, (self.ds_as_a,) * CONSUMERS, b, (0,) * CONSUMERS,
                        tuple(c * d // CONSUMERS for c in range(CONSUMERS)))
+
+    @property
+    def stage_under_st(self) -> bool:
+        """Split mode stages block t's dQ while block t + 1's S^T runs (bench/LOG.md, b9) where that compiles without
+        spills: the columns split (D=128) without a soft cap. At D=64's 128-query blocks, S^T's 64 registers in
+        flight beside the staged dQ spilled (8 of the sweep's D=64 specs), and so did 2 soft-capped D=128 ones."""
+        return self.dq_split is not None and self.dq_split.by == "columns" and not self.spec.softcap
 
     @property
     def dq_stage_bytes(self) -> int:
