@@ -222,13 +222,18 @@ def test_nothing_imports_torch_until_the_matrix_runs():
     assert done.returncode == 0, done.stderr
 
 
-def test_gpu_check_runs_the_backward_matrix_with_its_own_peers():
+def _script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    assert gpu_check.matrix_peers("backward", "flashgen,cudnn,flash,flex") == []
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_runs_the_backward_matrix_with_its_own_peers():
+    assert _script("gpu_check").matrix_peers("backward", "flashgen,cudnn,flash,flex") == []
 
 
 # ---------------------------------------------------------------------------------------------- one case on CPU
@@ -304,12 +309,7 @@ def test_a_backend_that_refuses_is_a_skipped_row_with_its_reason(cpu_case, monke
 
 
 def _bwd_ab():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bwd_ab", ROOT / "scripts" / "bwd_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("bwd_ab")
 
 
 def test_bwd_ab_reads_cases_and_trees_and_refuses_bad_ones(tmp_path):
@@ -361,3 +361,27 @@ def test_bwd_ab_worker_stops_on_a_flashgen_row_without_a_time(cpu_case, monkeypa
     monkeypatch.setitem(sys.modules, "codegen.backward", types.SimpleNamespace(attention_backward=broken))
     with pytest.raises(SystemExit, match="kernel fault"):
         _bwd_ab().worker(["2,32,2,16"], 10, torch=CpuTorch(torch))
+
+
+def _bwd_sweep():
+    return _script("bwd_sweep")
+
+
+def test_bwd_sweep_grid_and_its_verdicts():
+    sweep = _bwd_sweep()
+    assert len(sweep.grid([64, 96, 128], quick=False)) == 3 * 3 * 2 * 2 * 5 * 2 + 3
+    assert len(sweep.grid([128], quick=True)) == 3 * 2 * 2 + 1
+    # deterministic D=96 is refused by the family (atomics), which is not a failure
+    spec, status, detail = sweep.compile_one((96, "full", 0.0, True, (1000, 1000), 1, "bf16"))
+    assert status == "refused" and "deterministic" in detail
+    assert sweep.compile_one((64, "causal", 0.0, False, (17, 17), 1, "bf16"))[1] == "ok"
+
+
+def test_bwd_sweep_exits_1_when_a_spec_fails(monkeypatch, capsys):
+    sweep = _bwd_sweep()
+    monkeypatch.setattr(sweep, "compile_one", lambda spec: (spec, "failed" if spec[0] == 96 else "ok", "SpillError: x"))
+    assert sweep.main(["--head-dims", "64,96", "--quick", "--jobs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED D=96" in out and "13 clean, 0 refused by the family (not failures), 13 failed" in out
+    monkeypatch.setattr(sweep, "compile_one", lambda spec: (spec, "ok", ""))
+    assert sweep.main(["--head-dims", "64", "--quick", "--jobs", "1"]) == 0
