@@ -39,10 +39,10 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from . import bwd_sm90, decode_sm90, fwd_sm90, fwd_sm100, probe_sm90, probe_sm100
+    from . import bwd_sm90, bwd_sm90_wide, decode_sm90, fwd_sm90, fwd_sm100, probe_sm90, probe_sm100
 
     return {f.name: f for f in (fwd_sm90.FAMILY, probe_sm90.FAMILY, fwd_sm100.FAMILY, probe_sm100.FAMILY,
-                                decode_sm90.FAMILY, bwd_sm90.FAMILY)}
+                                decode_sm90.FAMILY, bwd_sm90.FAMILY, bwd_sm90_wide.FAMILY)}
 
 
 def get(name: str) -> Family:

@@ -47,7 +47,10 @@ BLOCK_N = CONSUMERS * KEYS_PER_CONSUMER
 # 128 x 128 at D=64 and 64 x 128 above). With head dims above 128 dK and dV do not fit beside 64 queries either
 # (a split of dK/dV across warpgroups is not written yet).
 BLOCK_M_BY_HEAD_DIM = {64: 128, 96: 64, 128: 64}
-HEAD_DIMS = tuple(BLOCK_M_BY_HEAD_DIM)
+# Wider head dims are the bwd_sm90_wide family's: it keeps dK and dV transposed (M = the head dim, 128 rows a
+# consumer) over 64-key blocks of 64-query blocks (codegen/families/bwd_sm90_wide/plan.py).
+WIDE_BLOCK_M_BY_HEAD_DIM = {256: 64}
+HEAD_DIMS = tuple(BLOCK_M_BY_HEAD_DIM) + tuple(WIDE_BLOCK_M_BY_HEAD_DIM)
 # A soft cap keeps its tanh slope beside S^T: 128 queries at D=64 then spill 8 bytes (72 of the 120 soft-capped
 # D=64 specs of b6's sweep; FA3 also drops to 96 x 128 there), so soft-capped kernels keep 64-query blocks.
 SOFTCAP_BLOCK_M = 64
@@ -89,7 +92,11 @@ class BackwardSpec:
     deterministic: bool = False
     arch: str = "sm_90a"
 
-    family = "bwd_sm90"  # its kernel family (codegen.families.family_for), not a field
+    @property
+    def family(self) -> str:
+        """Its kernel family (codegen.families.family_for): bwd_sm90_wide for the head dims whose dK and dV do not fit
+        beside S^T here."""
+        return "bwd_sm90_wide" if self.head_dim in WIDE_BLOCK_M_BY_HEAD_DIM else "bwd_sm90"
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -102,7 +109,7 @@ class BackwardSpec:
             need(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
         need(self.heads % self.kv_heads == 0, f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads}")
         need(self.head_dim in HEAD_DIMS, f"head_dim {self.head_dim}: the backward kernels support {HEAD_DIMS} so far "
-             "(dK and dV of larger head dims do not fit a warpgroup's registers in this design)")
+             "(192 needs three consumer warpgroups for its transposed dK and dV, not written yet)")
         need(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of "
              f"{', '.join(SUPPORTED_DTYPES)}")
         need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
@@ -119,7 +126,7 @@ class BackwardSpec:
     @property
     def max_block_m(self) -> int:
         """The most queries per ring slot whose S^T and dP^T fit beside dK and dV (the default block_m)."""
-        most = BLOCK_M_BY_HEAD_DIM[self.head_dim]
+        most = {**BLOCK_M_BY_HEAD_DIM, **WIDE_BLOCK_M_BY_HEAD_DIM}[self.head_dim]
         return min(most, SOFTCAP_BLOCK_M) if self.softcap else most
 
     @property
@@ -150,17 +157,29 @@ class BackwardSpec:
         return d
 
 
+def plan_class(spec: BackwardSpec):
+    """The Plan of the spec's family (the wide one imports this module)."""
+    if spec.family == "bwd_sm90":
+        return Plan
+    from ..bwd_sm90_wide.plan import WidePlan
+
+    return WidePlan
+
+
 @functools.lru_cache(maxsize=256)
 def resolve(spec: BackwardSpec) -> BackwardSpec:
+    """The spec with its defaults filled, for either backward family; raises SpecError where no kernel can be made."""
     # A bound reaching past every key is none: one kernel (and no int overflow) for all of them.
     window = tuple(-1 if w >= spec.seq_len + spec.seq_len_k else w for w in spec.window)
     spec = spec.replace(window=window, block_m=spec.block_m or spec.max_block_m)
-    if spec.deterministic and Plan(spec).dq_split is None:
+    planner = plan_class(spec)
+    if spec.deterministic and planner(spec).dq_split is None:
         raise SpecError(f"deterministic=True needs dQ added as one tile per key block, which head_dim {spec.head_dim} "
                         "does not have yet (its consumers add their own keys' dQ by atomics)")
-    if Plan(spec).n_blocks > MAX_GRID_DIM:
-        raise SpecError(f"S_k {spec.seq_len_k}: more than {MAX_GRID_DIM} key blocks of {BLOCK_N} (the grid's z limit)")
-    Plan(spec).smem  # raises the shared-memory error
+    if planner(spec).n_blocks > MAX_GRID_DIM:
+        raise SpecError(f"S_k {spec.seq_len_k}: more than {MAX_GRID_DIM} key blocks of {planner(spec).block_n} (the grid's "
+                        "z limit)")
+    planner(spec).smem  # raises the shared-memory error
     return spec
 
 
@@ -217,8 +236,12 @@ class DqSplit:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BackwardPlan:
+    """What both backward families (bwd_sm90, bwd_sm90_wide) plan alike: the staged Q, dO, K and V tiles, the launch
+    shape, the ABIs, the row kernels and the workspaces. A family's Plan adds its products' tiles and reads."""
+
     spec: BackwardSpec
+    dq_split = None  # dQ added as staged tiles (bwd_sm90's DqSplit), else by atomics
 
     def __post_init__(self) -> None:
         if not self.spec.block_m:
@@ -227,6 +250,8 @@ class Plan:
     @property
     def block_m(self) -> int:
         return self.spec.block_m
+
+    block_n = BLOCK_N  # keys per CTA
 
     # ----- the staged tiles (row tiles: rows of the head dim, or of queries for dS^T) -----
 
@@ -240,11 +265,110 @@ class Plan:
 
     @cached_property
     def k(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, self.spec.head_dim, BLOCK_N, self.spec.dtype)
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.block_n, self.spec.dtype)
 
     @property
     def v(self) -> layouts.OperandDerivation:
         return self.k
+
+    @property
+    def threads(self) -> int:
+        return (1 + CONSUMERS) * THREADS_PER_WARPGROUP
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.spec.seq_len_k // self.block_n)
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.spec.seq_len // self.block_m)
+
+    @property
+    def padded_rows(self) -> int:
+        """Query rows of the per-row workspaces (log2 logsumexp, delta, dQ accumulator): whole query blocks, so
+        the main kernel reads and adds them without bounds checks."""
+        return self.m_blocks * self.block_m
+
+    @cached_property
+    def abi(self) -> KernelABI:
+        return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * WARPS_PER_WARPGROUP,
+                          kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks, split_dq=self.dq_split is not None)
+
+    @property
+    def row_vector(self) -> int:
+        """Columns a row kernel's lane loads or stores at once (ROW_VECTOR_BYTES of the input dtype)."""
+        return ROW_VECTOR_BYTES // self.spec.elem_bytes
+
+    @property
+    def row_lanes(self) -> int:
+        """Lanes of a row kernel's warp per query row: the largest power of two (at most 32) dividing the row's
+        vectors, so each lane takes the same number of them and a row's lanes are an aligned group for the
+        shuffle reduction."""
+        vectors = self.spec.head_dim // self.row_vector
+        assert vectors * self.row_vector == self.spec.head_dim, (self.spec.head_dim, self.row_vector)
+        return min(32, vectors & -vectors)
+
+    @property
+    def rows_per_row_block(self) -> int:
+        rows = ROW_WARPS * (32 // self.row_lanes)
+        # Whole warps of valid rows (the shuffle needs every lane), and whole blocks.
+        assert self.padded_rows % rows == 0, (self.padded_rows, rows)
+        return rows
+
+    @cached_property
+    def pre_abi(self) -> KernelABI:
+        return row_abi(PRE_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
+                       rows_per_block=self.rows_per_row_block)
+
+    @cached_property
+    def post_abi(self) -> KernelABI:
+        return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
+                       rows_per_block=self.rows_per_row_block)
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        return self.abi.grid.dims(batch=batch)
+
+    def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
+        """The row kernels before and after the main one (launched in this order: _pre, main, _post)."""
+        rows = self.pre_abi.grid.describe("", "batch")
+        return (SiblingKernel(self.spec.name + PRE_SUFFIX, self.pre_abi, ROW_THREADS, rows),
+                SiblingKernel(self.spec.name + POST_SUFFIX, self.post_abi, ROW_THREADS, rows))
+
+    def longest_first(self, batch: int, sms: int) -> bool:
+        """Whether the CTAs walk the key blocks slowest (LONGEST_FIRST_MAX_WAVES says when and why)."""
+        banded = self.spec.causal or self.spec.window != (-1, -1)
+        return banded and self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms
+
+    def row_grid(self, batch: int) -> tuple[int, int, int]:
+        """The row kernels' grid: row_lanes lanes per (sequence, head, padded query row)."""
+        return self.pre_abi.grid.dims(batch=batch)
+
+    @property
+    def window_bounds(self) -> tuple[int, int]:
+        return window_bounds(self.spec)
+
+    # ----- shared memory -----
+
+    def origin_c(self, operand: layouts.OperandDerivation, names: tuple[str, str, str], seq_len: int) -> str:
+        return tma_origin_c(operand, names, seq_len)
+
+    mapped_operands = ("q", "k", "v", "do")
+
+    def grid_description(self) -> dict:
+        return self.abi.grid.describe("", "batch")
+
+    def global_layout(self) -> str:
+        s = self.spec
+        return (f"q, o, do: (B, {s.seq_len}, {s.heads}, {s.head_dim}); k, v: (B, {s.seq_len_k}, {s.kv_heads}, "
+                f"{s.head_dim}), any 16-byte strides with the head dim contiguous; lse: (B, {s.heads}, {s.seq_len}) "
+                f"float32; workspaces: log2 lse and delta (B, {s.heads}, {self.padded_rows}) float32, dQ accumulator "
+                f"(B, {s.heads}, {self.padded_rows}, {s.head_dim}) float32; dq (B, {s.seq_len}, {s.heads}, "
+                f"{s.head_dim}), dk, dv (B, {s.seq_len_k}, {s.kv_heads}, {s.head_dim}) contiguous")
+
+
+@dataclass(frozen=True)
+class Plan(BackwardPlan):
+    """bwd_sm90: the swapped products (M = keys), dK and dV in registers beside S^T, dQ split or by atomics."""
 
     @cached_property
     def ds(self) -> layouts.OperandDerivation:
@@ -335,84 +459,6 @@ class Plan:
     # ----- launch shape -----
 
     @property
-    def threads(self) -> int:
-        return (1 + CONSUMERS) * THREADS_PER_WARPGROUP
-
-    @property
-    def n_blocks(self) -> int:
-        return -(-self.spec.seq_len_k // BLOCK_N)
-
-    @property
-    def m_blocks(self) -> int:
-        return -(-self.spec.seq_len // self.block_m)
-
-    @property
-    def padded_rows(self) -> int:
-        """Query rows of the per-row workspaces (log2 logsumexp, delta, dQ accumulator): whole query blocks, so
-        the main kernel reads and adds them without bounds checks."""
-        return self.m_blocks * self.block_m
-
-    @cached_property
-    def abi(self) -> KernelABI:
-        return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * WARPS_PER_WARPGROUP,
-                          kv_heads=self.spec.kv_heads, n_blocks=self.n_blocks, split_dq=self.dq_split is not None)
-
-    @property
-    def row_vector(self) -> int:
-        """Columns a row kernel's lane loads or stores at once (ROW_VECTOR_BYTES of the input dtype)."""
-        return ROW_VECTOR_BYTES // self.spec.elem_bytes
-
-    @property
-    def row_lanes(self) -> int:
-        """Lanes of a row kernel's warp per query row: the largest power of two (at most 32) dividing the row's
-        vectors, so each lane takes the same number of them and a row's lanes are an aligned group for the
-        shuffle reduction."""
-        vectors = self.spec.head_dim // self.row_vector
-        assert vectors * self.row_vector == self.spec.head_dim, (self.spec.head_dim, self.row_vector)
-        return min(32, vectors & -vectors)
-
-    @property
-    def rows_per_row_block(self) -> int:
-        rows = ROW_WARPS * (32 // self.row_lanes)
-        # Whole warps of valid rows (the shuffle needs every lane), and whole blocks.
-        assert self.padded_rows % rows == 0, (self.padded_rows, rows)
-        return rows
-
-    @cached_property
-    def pre_abi(self) -> KernelABI:
-        return row_abi(PRE_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
-                       rows_per_block=self.rows_per_row_block)
-
-    @cached_property
-    def post_abi(self) -> KernelABI:
-        return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
-                       rows_per_block=self.rows_per_row_block)
-
-    def grid(self, batch: int) -> tuple[int, int, int]:
-        return self.abi.grid.dims(batch=batch)
-
-    def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
-        """The row kernels before and after the main one (launched in this order: _pre, main, _post)."""
-        rows = self.pre_abi.grid.describe("", "batch")
-        return (SiblingKernel(self.spec.name + PRE_SUFFIX, self.pre_abi, ROW_THREADS, rows),
-                SiblingKernel(self.spec.name + POST_SUFFIX, self.post_abi, ROW_THREADS, rows))
-
-    def longest_first(self, batch: int, sms: int) -> bool:
-        """Whether the CTAs walk the key blocks slowest (LONGEST_FIRST_MAX_WAVES says when and why)."""
-        banded = self.spec.causal or self.spec.window != (-1, -1)
-        return banded and self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms
-
-    def row_grid(self, batch: int) -> tuple[int, int, int]:
-        """The row kernels' grid: row_lanes lanes per (sequence, head, padded query row)."""
-        return self.pre_abi.grid.dims(batch=batch)
-
-    @property
-    def window_bounds(self) -> tuple[int, int]:
-        return window_bounds(self.spec)
-
-    # ----- shared memory -----
-
-    @property
     def smem_align(self) -> int:
         return max(op.smem_align for op in (self.q, self.k, self.ds))
 
@@ -445,26 +491,9 @@ class Plan:
         """A thread stores dS^T as pairs of adjacent queries (columns), one 32-bit store each."""
         return self.ds.layout.contiguous_run("k", self.ds.elem_bytes) >= 2
 
-    def origin_c(self, operand: layouts.OperandDerivation, names: tuple[str, str, str], seq_len: int) -> str:
-        return tma_origin_c(operand, names, seq_len)
-
     @cached_property
     def desc_address_shift(self) -> int:
         return descriptor_address_shift((self.q, self.k, self.ds))
-
-    mapped_operands = ("q", "k", "v", "do")
-
-    def grid_description(self) -> dict:
-        return self.abi.grid.describe("", "batch")
-
-    def global_layout(self) -> str:
-        s = self.spec
-        return (f"q, o, do: (B, {s.seq_len}, {s.heads}, {s.head_dim}); k, v: (B, {s.seq_len_k}, {s.kv_heads}, "
-                f"{s.head_dim}), any 16-byte strides with the head dim contiguous; lse: (B, {s.heads}, {s.seq_len}) "
-                f"float32; workspaces: log2 lse and delta (B, {s.heads}, {self.padded_rows}) float32, dQ accumulator "
-                f"(B, {s.heads}, {self.padded_rows}, {s.head_dim}) float32; dq (B, {s.seq_len}, {s.heads}, "
-                f"{s.head_dim}), dk, dv (B, {s.seq_len_k}, {s.kv_heads}, {s.head_dim}) contiguous")
-
 
 @functools.lru_cache(maxsize=256)
 def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> layouts.OperandDerivation:
@@ -472,7 +501,8 @@ def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> la
 
 
 def make_plan(spec: BackwardSpec) -> Plan:
-    return Plan(resolve(spec))
+    spec = resolve(spec)
+    return plan_class(spec)(spec)
 
 
 def _align(x: int, a: int) -> int:

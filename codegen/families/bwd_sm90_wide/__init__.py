@@ -1,0 +1,167 @@
+"""The wide backward kernels for sm_90a (head dim 256): dK and dV kept transposed, M = the head dim
+(templates/bwd_sm90_wide/, the plan in plan.py). The spec, the ABI, the row kernels and the host path are bwd_sm90's:
+BackwardSpec.family picks this family by head dim."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layouts import fragments, staging
+from layouts.cexpr import compile_c_expr
+
+from codegen.abi import MBARRIER_BYTES
+
+from .. import Family
+from ..bwd_sm90 import abi as bwd_abi
+from ..bwd_sm90 import post_name, pre_name, regenerate_command
+from ..bwd_sm90.plan import ROW_THREADS, ROW_WARPS, BackwardSpec, resolve
+from ..fwd_sm90 import describe_descriptors
+from ..fwd_sm90.abi import LOG2E
+from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS, WGMMA_M,
+                   WidePlan)
+
+__all__ = ["FAMILY", "WidePlan"]
+
+TMA_COORD_PARAMS = ("row", "head", "batch")
+
+
+def make_plan(spec: BackwardSpec) -> WidePlan:
+    return WidePlan(resolve(spec))
+
+
+def summary(plan: WidePlan) -> str:
+    s = plan.spec
+    return (f"{s.name}: backward (wide), S_q={s.seq_len} S_k={s.seq_len_k} H={s.heads} over H_kv={s.kv_heads}, "
+            f"D={s.head_dim} {s.dtype}, {'causal' if s.causal else 'non-causal'}, {BLOCK_N}-key CTAs over "
+            f"{plan.block_m}-query blocks, dK and dV transposed, {s.stages} stages")
+
+
+def _pd_store_bases(plan: WidePlan) -> tuple[tuple[int, int, int], ...]:
+    """P's and dS's 32-bit stores (value pairs i, i + 1 of a consumer's 64 x 32 S accumulator, consumer c's keys from
+    column 32c, at the tile's rendered formula) as bases plus immediates, one table for both consumers."""
+    acc = fragments.wgmma_accumulator(KEYS_PER_CONSUMER)
+    offset = compile_c_expr(plan.pd.formula_c, ("n", "k"))
+    lane, warp, c = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), np.arange(CONSUMERS), indexing="ij"))
+
+    def offsets(i: int):
+        at = acc.apply({"lane": lane, "warp": warp, "reg": np.full(lane.shape, i)})
+        return offset({"n": np.asarray(at["row"]), "k": np.asarray(at["col"]) + KEYS_PER_CONSUMER * c})
+
+    return fragments.address_bases(offsets, range(0, KEYS_PER_CONSUMER // 2, 2))
+
+
+def _dkv_store_bases(plan: WidePlan) -> tuple[tuple[int, int, int], ...]:
+    """The epilogue's 16-bit stores of dK^T (dV^T): value i of m64 tile j, flattened as j * BLOCK_N / 2 + i, is
+    (key acc_col, head-dim row 128c + 64j + acc_row), stored at (key, row) of the stage tile."""
+    acc = fragments.wgmma_accumulator(BLOCK_N)
+    offset = compile_c_expr(plan.dkv_stage.formula_c, ("m", "n"))
+    lane, warp, c = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), np.arange(CONSUMERS), indexing="ij"))
+    per_tile = BLOCK_N // 2
+
+    def offsets(v: int):
+        j, i = divmod(v, per_tile)
+        at = acc.apply({"lane": lane, "warp": warp, "reg": np.full(lane.shape, i)})
+        rows = plan.head_tiles * WGMMA_M * c + WGMMA_M * j + np.asarray(at["row"])
+        return offset({"m": np.asarray(at["col"]), "n": rows})
+
+    return fragments.address_bases(offsets, range(plan.head_tiles * per_tile))
+
+
+def _table(read) -> dict:
+    values = read.descriptors()
+    return {"values": values, "fields": describe_descriptors(values), "trans": read.transpose}
+
+
+def context(plan: WidePlan) -> dict:
+    s = plan.spec
+    for n in (KEYS_PER_CONSUMER, BLOCK_N, plan.dq_cols):
+        fragments.check_accumulator_prefix(n)
+    fragments.check_separable(KEYS_PER_CONSUMER)  # the mask adds a per-register offset to a thread's value 0
+    staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered (_post reads it)
+    if not plan.pd_pair_contiguous:
+        raise AssertionError("the P and dS tiles must keep adjacent keys contiguous for their 32-bit stores")
+    stores = _pd_store_bases(plan)
+    bases = sorted({base for _, base, _ in stores})
+    dkv_stores = _dkv_store_bases(plan)
+    dkv_bases = sorted({base for _, base, _ in dkv_stores})
+    import codegen
+
+    tables = {name: _table(read) for name, read in (
+        ("q_as_a", plan.q_as_a), ("kv_as_b", plan.kv_as_b.first), ("q_as_a_mn", plan.q_as_a_mn.first),
+        ("pd_as_b", plan.pd_as_b), ("ds_as_a", plan.ds_as_a), ("k_as_b_mn", plan.k_as_b_mn.first))}
+    values = {}
+    for name, table in tables.items():
+        values[name] = table["values"]
+        values[name + "_fields"] = table["fields"]
+        values[name + "_trans"] = table["trans"]
+    tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
+                  "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
+                  "coords": plan.origin_c(op, TMA_COORD_PARAMS, seq_len)}
+                 for name, op, seq_len in (("q", plan.q, s.seq_len), ("k", plan.k, s.seq_len_k))]
+    (tma_rank,) = {t["rank"] for t in tma_tiles}
+    left, right = plan.window_bounds
+    return {
+        **values,
+        "kv_as_b_step": plan.kv_as_b.step,
+        "q_as_a_mn_step": plan.q_as_a_mn.step,
+        "k_as_b_mn_step": plan.k_as_b_mn.step,
+        "version": codegen.__version__,
+        "regenerate": regenerate_command(s),
+        "summary": summary(plan),
+        "kernel_name": s.name,
+        "pre_name": pre_name(s),
+        "post_name": post_name(s),
+        "ptx_type": s.dtype,
+        "seq_len": s.seq_len,
+        "seq_len_k": s.seq_len_k,
+        "heads": s.heads,
+        "group": s.group,
+        "head_dim": s.head_dim,
+        "block_m": plan.block_m,
+        "block_n": BLOCK_N,
+        "keys_per_consumer": KEYS_PER_CONSUMER,
+        "head_tiles": plan.head_tiles,
+        "head_rows": plan.head_tiles * WGMMA_M,
+        "tile_rows": WGMMA_M,
+        "dq_cols": plan.dq_cols,
+        "stages": s.stages,
+        "padded_rows": plan.padded_rows,
+        "n_blocks": plan.n_blocks,
+        "window_left": left,
+        "window_right": right,
+        "softcap_c": f"{float(s.softcap)!r}f",
+        "log2e": repr(LOG2E),
+        "elem_bytes": s.elem_bytes,
+        "threads": plan.threads,
+        "row_threads": ROW_THREADS,
+        "row_warps": ROW_WARPS,
+        "row_lanes": plan.row_lanes,
+        "row_vector": plan.row_vector,
+        "smem": plan.smem,
+        "smem_align": plan.smem_align,
+        "desc_address_shift": plan.desc_address_shift,
+        "pd_offset_c": plan.pd.formula_c,
+        "pd_buffers": PD_BUFFERS,
+        "pd_store_bases": bases,
+        "pd_stores": [{"base": bases.index(base), "imm": imm} for _, base, imm in stores],
+        "dkv_offset_c": plan.dkv_stage.formula_c,
+        "dkv_run": plan.dkv_run,
+        "dkv_store_bases": dkv_bases,
+        "dkv_stores": [{"base": dkv_bases.index(base), "imm": imm} for _, base, imm in dkv_stores],
+        "dq_col_c": staging.column_swizzle_c(s.head_dim),
+        "dq_chunk_cols": staging.CHUNK_COLS,
+        "acc": fragments.wgmma_accumulator_c(),
+        "tma_rank": tma_rank,
+        "tma_tiles": tma_tiles,
+        "abi": plan.abi,
+        "pre_abi": plan.pre_abi,
+        "post_abi": plan.post_abi,
+        "family_barriers": bwd_abi.BARRIER_NAMES,
+        "mbarrier_bytes": MBARRIER_BYTES,
+        "producer_regs": PRODUCER_REGS,
+        "consumer_regs": CONSUMER_REGS,
+    }
+
+
+FAMILY = Family(name="bwd_sm90_wide", template="bwd_sm90_wide/kernel.cu.j2", resolve=resolve, make_plan=make_plan,
+                context=context, kernel_name=lambda spec: spec.name)
