@@ -12,13 +12,13 @@ from layouts.cexpr import compile_c_expr
 from codegen.abi import MBARRIER_BYTES
 
 from .. import Family
-from ..bwd_sm90 import abi as bwd_abi
 from ..bwd_sm90 import post_name, pre_name, regenerate_command
 from ..bwd_sm90.plan import ROW_THREADS, ROW_WARPS, BackwardSpec, resolve
 from ..fwd_sm90 import describe_descriptors
 from ..fwd_sm90.abi import LOG2E
-from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS, WGMMA_M,
-                   WidePlan)
+from . import abi as wide_abi
+from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, DQ_CHUNK_COLS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS,
+                   WGMMA_M, WidePlan)
 
 __all__ = ["FAMILY", "WidePlan"]
 
@@ -37,17 +37,17 @@ def summary(plan: WidePlan) -> str:
 
 
 def _pd_store_bases(plan: WidePlan) -> tuple[tuple[int, int, int], ...]:
-    """P's and dS's 32-bit stores (value pairs i, i + 1 of a consumer's 64 x 32 S accumulator, consumer c's keys from
-    column 32c, at the tile's rendered formula) as bases plus immediates, one table for both consumers."""
+    """P^T's and dS^T's 16-bit stores (value i of a consumer's 64 x 40 S accumulator, consumer c's keys from row 40c
+    of the keys x queries tile, at its rendered formula) as bases plus immediates, one table for both consumers."""
     acc = fragments.wgmma_accumulator(KEYS_PER_CONSUMER)
     offset = compile_c_expr(plan.pd.formula_c, ("n", "k"))
     lane, warp, c = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), np.arange(CONSUMERS), indexing="ij"))
 
     def offsets(i: int):
         at = acc.apply({"lane": lane, "warp": warp, "reg": np.full(lane.shape, i)})
-        return offset({"n": np.asarray(at["row"]), "k": np.asarray(at["col"]) + KEYS_PER_CONSUMER * c})
+        return offset({"n": np.asarray(at["col"]) + KEYS_PER_CONSUMER * c, "k": np.asarray(at["row"])})
 
-    return fragments.address_bases(offsets, range(0, KEYS_PER_CONSUMER // 2, 2))
+    return fragments.address_bases(offsets, range(KEYS_PER_CONSUMER // 2))
 
 
 def _dkv_store_bases(plan: WidePlan) -> tuple[tuple[int, int, int], ...]:
@@ -74,12 +74,10 @@ def _table(read) -> dict:
 
 def context(plan: WidePlan) -> dict:
     s = plan.spec
-    for n in (KEYS_PER_CONSUMER, BLOCK_N, plan.dq_cols):
+    for n in (KEYS_PER_CONSUMER, BLOCK_N, DQ_CHUNK_COLS):
         fragments.check_accumulator_prefix(n)
     fragments.check_separable(KEYS_PER_CONSUMER)  # the mask adds a per-register offset to a thread's value 0
     staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered (_post reads it)
-    if not plan.pd_pair_contiguous:
-        raise AssertionError("the P and dS tiles must keep adjacent keys contiguous for their 32-bit stores")
     stores = _pd_store_bases(plan)
     bases = sorted({base for _, base, _ in stores})
     dkv_stores = _dkv_store_bases(plan)
@@ -124,6 +122,8 @@ def context(plan: WidePlan) -> dict:
         "head_rows": plan.head_tiles * WGMMA_M,
         "tile_rows": WGMMA_M,
         "dq_cols": plan.dq_cols,
+        "dq_chunks": plan.dq_chunks,
+        "dq_chunk_n": DQ_CHUNK_COLS,
         "stages": s.stages,
         "padded_rows": plan.padded_rows,
         "n_blocks": plan.n_blocks,
@@ -156,7 +156,7 @@ def context(plan: WidePlan) -> dict:
         "abi": plan.abi,
         "pre_abi": plan.pre_abi,
         "post_abi": plan.post_abi,
-        "family_barriers": bwd_abi.BARRIER_NAMES,
+        "family_barriers": wide_abi.BARRIER_NAMES,
         "mbarrier_bytes": MBARRIER_BYTES,
         "producer_regs": PRODUCER_REGS,
         "consumer_regs": CONSUMER_REGS,

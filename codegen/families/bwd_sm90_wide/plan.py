@@ -2,20 +2,23 @@
 
 bwd_sm90 keeps dK and dV as accumulators of M = keys, head_dim / 2 f32 each per thread: 128 + 128 registers at
 D=256. Here they are kept transposed, M = the head dim, so a consumer warpgroup owns 128 rows of the head dim of
-dK^T and dV^T over all the block's keys (64 + 64 registers over 64 keys). The products (FA3's D=256 shapes in
-hopper/flash_bwd_launch_template.h, read and not copied, with 64 keys where FA3 takes 80 so that bwd_sm90's
-two-slot ring of Q and dO fits beside them):
+dK^T and dV^T over all the block's 80 keys (80 + 80 registers). The products (FA3's D=256 shapes in
+hopper/flash_bwd_launch_template.h, read and not copied):
 
-* S = Q K^T and dP = dO V^T, M = the block's 64 queries; consumer c takes keys [32c, 32c + 32) as N;
-* P and dS (queries x keys) to shared tiles with 32-bit stores of key pairs, both consumers' halves in each tile;
+* S = Q K^T and dP = dO V^T, M = the block's 64 queries; consumer c takes keys [40c, 40c + 40) as N;
+* P^T and dS^T (keys x queries) to shared tiles, both consumers' keys in each;
 * dV^T += dO^T P and dK^T += Q^T dS: M = consumer c's head-dim rows [128c, 128c + 128) as two m64 tiles, N = the
-  64 keys, K = the queries; A (dO, Q) and B (P, dS) both read MN-major from shared memory;
-* dQ = dS K: consumer c computes head-dim columns [128c, 128c + 128) over all 64 keys and adds them into the fp32
-  accumulator by vector atomics (no staged tile: 64 KB of it would not fit).
+  80 keys, K = the queries; A (dO, Q) read MN-major, B (P^T, dS^T) K-major;
+* dQ = dS K: consumer c computes head-dim columns [128c, 128c + 128), in two chunks of 64, over all 80 keys, and
+  adds them into the fp32 accumulator by vector atomics (no staged tile: 64 KB of it would not fit).
 
-The producer, ring, row kernels (_pre, _post), workspaces, launch order and ABI are bwd_sm90's (BackwardPlan).
-Every window of a tile the kernel reads is a read_tile, verified, and windows that differ only by their start
-address are emitted as one descriptor table plus a byte step (`window_step`, checked here).
+Why 80 keys and not 64: dQ's atomics and the Q and dO loads are per key block, and at 64 keys they held the kernel
+at the L2's limit (bench/LOG.md, b10: 0.80x cuDNN, 35% of the time in the atomics). 80 keys leave room for one dO
+slot beside two of Q, so dO has a ring of its own (abi.py).
+
+The row kernels (_pre, _post), workspaces, launch order and parameters are bwd_sm90's (BackwardPlan). Every window
+of a tile the kernel reads is a read_tile, verified, and windows that differ only by their start address are
+emitted as one descriptor table plus a byte step (`window_step`, checked here).
 """
 
 from __future__ import annotations
@@ -32,15 +35,18 @@ from codegen.spec import SpecError
 from ..bwd_sm90.plan import (MBARRIER_ALIGN, SMEM_ALIGN_SLACK, SMEM_LIMIT, WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan,
                              _align, _derive)
 from ..common import descriptor_address_shift
+from .abi import kernel_abi
 
 CONSUMERS = 2
-BLOCK_N = 64                    # keys per CTA
+BLOCK_N = 80                    # keys per CTA
 KEYS_PER_CONSUMER = BLOCK_N // CONSUMERS  # the N of a consumer's S and dP
 HEAD_ROWS_PER_CONSUMER = 128    # the head-dim rows of dK^T and dV^T a consumer owns (two m64 tiles)
 WGMMA_M = 64
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 HEAD_DIMS = tuple(WIDE_BLOCK_M_BY_HEAD_DIM)
-PD_BUFFERS = 2  # P and dS tiles per product: block t writes buffer t % 2 while the other consumer may read t - 1's
+PD_BUFFERS = 2  # P^T and dS^T tiles each: block t writes buffer t % 2 while the other consumer may read t - 1's
+DO_STAGES = 1   # dO's own ring (abi.py)
+DQ_CHUNK_COLS = 64  # dQ's wgmma N: a consumer's 128 columns in two chunks, 32 registers each
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,9 @@ class WideSmem:
     lse_offset: int
     delta_offset: int
     stats_bytes: int
-    p_offset: int     # PD_BUFFERS tiles of P, then PD_BUFFERS of dS
+    p_offset: int     # PD_BUFFERS tiles of P^T, then PD_BUFFERS of dS^T
     ds_offset: int
-    pd_bytes: int     # one P (or dS) tile: block_m queries x BLOCK_N keys
+    pd_bytes: int     # one P^T (or dS^T) tile: BLOCK_N keys x block_m queries
     bar_offset: int
     total: int
 
@@ -102,11 +108,16 @@ class WidePlan(BackwardPlan):
         if self.block_m != WGMMA_M:
             raise SpecError(f"block_m {self.block_m}: the wide backward's S has M = {WGMMA_M} queries")
 
-    # ----- the P and dS tiles (queries x keys, the S accumulator's orientation) -----
+    # ----- the P^T and dS^T tiles (keys x queries: the K-major B of dV^T and dK^T) -----
 
     @cached_property
     def pd(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, BLOCK_N, self.block_m, self.spec.dtype)
+        return _derive("k", self.spec.arch, self.block_m, BLOCK_N, self.spec.dtype)
+
+    @cached_property
+    def abi(self):
+        return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * 4, kv_heads=self.spec.kv_heads,
+                          n_blocks=self.n_blocks)
 
     # ----- the reads (each verified by read_tile) -----
 
@@ -117,7 +128,7 @@ class WidePlan(BackwardPlan):
 
     @cached_property
     def kv_as_b(self) -> Windows:
-        """K (and V) as the B of S (dP): consumer c's 32 keys as N, K over the head dim."""
+        """K (and V) as the B of S (dP): consumer c's 40 keys as N, K over the head dim."""
         return window_step([read_tile(self.k, row_name="n", k_name="k", rows=KEYS_PER_CONSUMER,
                                       row0=KEYS_PER_CONSUMER * c) for c in range(CONSUMERS)])
 
@@ -131,24 +142,30 @@ class WidePlan(BackwardPlan):
 
     @cached_property
     def pd_as_b(self) -> TileRead:
-        """P (and dS) as the B of dV^T (dK^T): N = the block's keys, K over the queries (MN-major)."""
-        return read_tile(self.pd, row_name="k", k_name="n", rows=BLOCK_N)
+        """P^T (and dS^T) as the B of dV^T (dK^T): N = the block's keys, K over the queries (K-major)."""
+        return read_tile(self.pd, row_name="n", k_name="k", rows=BLOCK_N)
 
     @cached_property
     def ds_as_a(self) -> TileRead:
-        """dS as the A of dQ = dS K: M = the 64 queries, K over the block's keys."""
-        return read_tile(self.pd, row_name="n", k_name="k", rows=self.block_m)
+        """dS^T as the A of dQ = dS K: M = the 64 queries (MN-major), K over the block's keys."""
+        return read_tile(self.pd, row_name="k", k_name="n", rows=self.block_m)
 
     @cached_property
     def k_as_b_mn(self) -> Windows:
-        """K as the B of dQ: N = consumer c's 128 head-dim columns, K over the block's keys (MN-major)."""
-        return window_step([read_tile(self.k, row_name="k", k_name="n", rows=self.dq_cols, row0=self.dq_cols * c)
-                            for c in range(CONSUMERS)])
+        """K as the B of dQ: N = a 64-column chunk of the head dim, K over the block's keys (MN-major); window
+        w = 2c + h is consumer c's chunk h."""
+        return window_step([read_tile(self.k, row_name="k", k_name="n", rows=DQ_CHUNK_COLS, row0=DQ_CHUNK_COLS * w)
+                            for w in range(self.spec.head_dim // DQ_CHUNK_COLS)])
 
     @property
     def dq_cols(self) -> int:
-        """Head-dim columns of dQ per consumer (one wgmma's N)."""
+        """Head-dim columns of dQ per consumer."""
         return self.spec.head_dim // CONSUMERS
+
+    @property
+    def dq_chunks(self) -> int:
+        """dQ's wgmmas per consumer (DQ_CHUNK_COLS columns each)."""
+        return self.dq_cols // DQ_CHUNK_COLS
 
     @property
     def head_tiles(self) -> int:
@@ -158,8 +175,8 @@ class WidePlan(BackwardPlan):
     @cached_property
     def dkv_stage(self) -> layouts.OperandDerivation:
         """dK and dV leave through shared memory as key rows of the forward's O epilogue tile (keys x head dim), in
-        the ring's Q and dO slots once both consumers are done: their transposed accumulators store 16-bit values
-        there without bank conflicts, and whole rows go out as 16-byte runs."""
+        the K and V tiles once both consumers are done: their transposed accumulators store 16-bit values there
+        without bank conflicts, and whole rows go out as 16-byte runs."""
         return _derive("o", self.spec.arch, self.spec.head_dim, BLOCK_N, self.spec.dtype)
 
     @property
@@ -181,7 +198,7 @@ class WidePlan(BackwardPlan):
         for name, align, nbytes, count in (
                 ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
                 ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
-                ("do", self.q.smem_align, self.q.smem_bytes, s.stages),
+                ("do", self.q.smem_align, self.q.smem_bytes, DO_STAGES),
                 ("p", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS),
                 ("ds", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS),
                 ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
@@ -190,20 +207,15 @@ class WidePlan(BackwardPlan):
             offset += count * nbytes
         bar_offset = _align(offset, MBARRIER_ALIGN)
         total = bar_offset + self.abi.barriers.bytes + SMEM_ALIGN_SLACK
-        # dK's and dV's stage tiles reuse the Q and dO slots.
-        assert s.stages * self.q.smem_bytes >= self.dkv_stage.smem_bytes, (s.stages, self.dkv_stage.smem_bytes)
-        assert placed["q"] % self.dkv_stage.smem_align == 0 and placed["do"] % self.dkv_stage.smem_align == 0
+        # dK's and dV's stage tiles reuse the K and V tiles.
+        assert self.k.smem_bytes >= self.dkv_stage.smem_bytes, (self.k.smem_bytes, self.dkv_stage.smem_bytes)
+        assert placed["k"] % self.dkv_stage.smem_align == 0 and placed["v"] % self.dkv_stage.smem_align == 0
         if total > SMEM_LIMIT:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; the wide "
                             "backward fits 2 stages")
         return WideSmem(placed["k"], placed["v"], self.k.smem_bytes, placed["q"], placed["do"], self.q.smem_bytes,
                         placed["lse"], placed["delta"], stats_bytes, placed["p"], placed["ds"], self.pd.smem_bytes,
                         bar_offset, total)
-
-    @property
-    def pd_pair_contiguous(self) -> bool:
-        """A thread stores P and dS as pairs of adjacent keys (columns), one 32-bit store each."""
-        return self.pd.layout.contiguous_run("k", self.pd.elem_bytes) >= 2
 
     @cached_property
     def desc_address_shift(self) -> int:
