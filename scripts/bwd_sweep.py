@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile a grid of backward specs (no GPU) and report every one that spills, serializes its wgmmas or fails.
 
-    python3 scripts/bwd_sweep.py [--head-dims 64,96,128] [--jobs 2] [--quick]
+    python3 scripts/bwd_sweep.py [--head-dims 64,96,128,256] [--jobs 2] [--quick]
 
 The grid: head dims x masks (full, causal, a (128, 0) window) x soft cap (off, 30) x deterministic x (S_q, S_k) in
 (17, 17), (1000, 1000), (4096, 4096), (512, 2048), (2048, 512) x GQA 1 and 4, in bf16, plus a causal f16 spec per
@@ -65,7 +65,7 @@ def label(spec: tuple) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head-dims", default="64,96,128")
+    parser.add_argument("--head-dims", default="64,96,128,256")
     parser.add_argument("--jobs", type=int, default=max(1, multiprocessing.cpu_count()))
     parser.add_argument("--quick", action="store_true", help="one (S_q, S_k) pair and GQA 1")
     args = parser.parse_args(argv)

@@ -4,7 +4,8 @@ A family is the spec fields it uses, its plan (every number its kernel needs, la
 its ABI (codegen/abi.py: parameters, mbarriers, declared once in the plan), its templates
 (templates/<family>/, sharing templates/common/) and its tests. The forward sm_90a kernel is `fwd_sm90`; the
 basis-vector probe, a different kernel on the same layouts, is `probe_sm90`; Blackwell has `fwd_sm100` and
-`probe_sm100`.
+`probe_sm100`; decode over a KV cache is `decode_sm90`; the backward is `bwd_sm90`, with `bwd_sm90_wide` for the
+head dims whose dK and dV it keeps transposed (one BackwardSpec; its `family` picks).
 
 Adding a family (decode, backward):
 
