@@ -14,7 +14,7 @@ from .. import Family
 from ..fwd_sm90 import describe_descriptors
 from ..fwd_sm90.abi import LOG2E
 from . import abi as bwd_abi
-from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
+from .plan import (BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
                    ROW_THREADS, ROW_WARPS, BackwardSpec, Plan, make_plan, resolve)
 
 __all__ = ["BackwardSpec", "Plan", "FAMILY", "make_plan", "resolve"]
@@ -80,33 +80,15 @@ def _split_context(split) -> dict:
             "b": [r.descriptors() for r in split.b], "b_fields": describe_descriptors(split.b[0].descriptors())}
 
 
-def context(plan: Plan) -> dict:
-    s, split, block_m = plan.spec, plan.dq_split, plan.block_m
-    for n in (block_m, s.head_dim) + tuple(c.cols for c in plan.dq_chunks) + ((split.cols,) if split else ()):
-        fragments.check_accumulator_prefix(n)
-    fragments.check_separable(block_m)  # the mask adds a per-register offset to a thread's value 0 (mainloop.j2)
-    fragments.s_slice_is_a_operand(block_m)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
-    staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered
-    stores = ()
-    if split:  # consumer c stages its 64 x cols part at its origin: every paired store at 2 wavefronts
-        staging.check_fragment_stores(s.head_dim, split.cols, split.origins)
-        stores = staging.fragment_store_bases(s.head_dim, split.cols, split.origins)
-    bases = sorted({base for _, base, _ in stores})
-    ds_stores = _ds_store_bases(plan)
-    ds_bases = sorted({base for _, base, _ in ds_stores})
-    if not plan.ds_pair_contiguous:
-        raise AssertionError("the dS^T tile must keep adjacent queries contiguous for its 32-bit stores")
+def common_context(plan, verbs: tuple[str, ...] = ("load",)) -> dict:
+    """The template values both backward families (this and bwd_sm90_wide) take alike: the spec's numbers, the row
+    kernels', the launch's, the dQ accumulator's column swizzle, the accumulator fragment, the Q and K tiles' TMA
+    loads (`verbs`) and the ABIs."""
     import codegen
 
-    q_as_b, q_as_b_fields = _descs(plan.q_as_b)
-    q_as_b_mn, q_as_b_mn_fields = _descs(plan.q_as_b_mn)
-    ds_as_a, ds_as_a_fields = _descs(plan.ds_as_a)
-    kv_as_a = [r.descriptors() for r in plan.kv_as_a]
-    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads} | {r.transpose for r in (split.b if split else ())}
-    (dq_trans,) = transposes
-    (ds_as_a_trans,) = {plan.ds_as_a.transpose} | {r.transpose for r in (split.a if split else ())}  # one dq wgmma
-    (kv_as_a_trans,) = {r.transpose for r in plan.kv_as_a}
-    tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
+    s = plan.spec
+    staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered (_post reads it)
+    tma_tiles = [{"name": name, "verbs": verbs, "rank": op.tensor_map.rank,
                   "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
                   "coords": plan.origin_c(op, TMA_COORD_PARAMS, seq_len)}
                  for name, op, seq_len in (("q", plan.q, s.seq_len), ("k", plan.k, s.seq_len_k))]
@@ -115,7 +97,6 @@ def context(plan: Plan) -> dict:
     return {
         "version": codegen.__version__,
         "regenerate": regenerate_command(s),
-        "summary": summary(plan),
         "kernel_name": s.name,
         "pre_name": pre_name(s),
         "post_name": post_name(s),
@@ -125,9 +106,8 @@ def context(plan: Plan) -> dict:
         "heads": s.heads,
         "group": s.group,
         "head_dim": s.head_dim,
-        "block_m": block_m,
-        "block_n": BLOCK_N,
-        "keys_per_consumer": KEYS_PER_CONSUMER,
+        "block_m": plan.block_m,
+        "block_n": plan.block_n,
         "stages": s.stages,
         "padded_rows": plan.padded_rows,
         "n_blocks": plan.n_blocks,
@@ -144,6 +124,45 @@ def context(plan: Plan) -> dict:
         "smem": plan.smem,
         "smem_align": plan.smem_align,
         "desc_address_shift": plan.desc_address_shift,
+        "dq_col_c": staging.column_swizzle_c(s.head_dim),
+        "dq_chunk_cols": staging.CHUNK_COLS,
+        "acc": fragments.wgmma_accumulator_c(),
+        "tma_rank": tma_rank,
+        "tma_tiles": tma_tiles,
+        "abi": plan.abi,
+        "pre_abi": plan.pre_abi,
+        "post_abi": plan.post_abi,
+        "mbarrier_bytes": MBARRIER_BYTES,
+    }
+
+
+def context(plan: Plan) -> dict:
+    s, split, block_m = plan.spec, plan.dq_split, plan.block_m
+    for n in (block_m, s.head_dim) + tuple(c.cols for c in plan.dq_chunks) + ((split.cols,) if split else ()):
+        fragments.check_accumulator_prefix(n)
+    fragments.check_separable(block_m)  # the mask adds a per-register offset to a thread's value 0 (mainloop.j2)
+    fragments.s_slice_is_a_operand(block_m)  # P^T and dS^T accumulators are the A of dV and dK, slice by slice
+    stores = ()
+    if split:  # consumer c stages its 64 x cols part at its origin: every paired store at 2 wavefronts
+        staging.check_fragment_stores(s.head_dim, split.cols, split.origins)
+        stores = staging.fragment_store_bases(s.head_dim, split.cols, split.origins)
+    bases = sorted({base for _, base, _ in stores})
+    ds_stores = _ds_store_bases(plan)
+    ds_bases = sorted({base for _, base, _ in ds_stores})
+    if not plan.ds_pair_contiguous:
+        raise AssertionError("the dS^T tile must keep adjacent queries contiguous for its 32-bit stores")
+    q_as_b, q_as_b_fields = _descs(plan.q_as_b)
+    q_as_b_mn, q_as_b_mn_fields = _descs(plan.q_as_b_mn)
+    ds_as_a, ds_as_a_fields = _descs(plan.ds_as_a)
+    kv_as_a = [r.descriptors() for r in plan.kv_as_a]
+    transposes = {r.transpose for c in plan.dq_chunks for r in c.reads} | {r.transpose for r in (split.b if split else ())}
+    (dq_trans,) = transposes
+    (ds_as_a_trans,) = {plan.ds_as_a.transpose} | {r.transpose for r in (split.a if split else ())}  # one dq wgmma
+    (kv_as_a_trans,) = {r.transpose for r in plan.kv_as_a}
+    return {
+        **common_context(plan),
+        "summary": summary(plan),
+        "keys_per_consumer": KEYS_PER_CONSUMER,
         "kv_as_a": kv_as_a,
         "kv_as_a_fields": describe_descriptors(kv_as_a[0]) + "; window c starts "
                           f"{plan.kv_as_a[1].descriptor_objects()[0].start_address} B further per c",
@@ -158,8 +177,6 @@ def context(plan: Plan) -> dict:
         "ds_as_a_fields": ds_as_a_fields,
         "ds_as_a_trans": ds_as_a_trans,
         "ds_offset_c": plan.ds.formula_c,
-        "dq_col_c": staging.column_swizzle_c(s.head_dim),
-        "dq_chunk_cols": staging.CHUNK_COLS,
         "dq_store_bases": bases,
         "ds_store_bases": ds_bases,
         "ds_stores": [{"base": ds_bases.index(base), "imm": imm} for _, base, imm in ds_stores],
@@ -173,14 +190,7 @@ def context(plan: Plan) -> dict:
         "stage_under_st": plan.stage_under_st,
         "dq_chunks": [{"first": c.first, "cols": c.cols, "descs": [r.descriptors() for r in c.reads],
                        "fields": describe_descriptors(c.reads[0].descriptors())} for c in plan.dq_chunks],
-        "acc": fragments.wgmma_accumulator_c(),
-        "tma_rank": tma_rank,
-        "tma_tiles": tma_tiles,
-        "abi": plan.abi,
-        "pre_abi": plan.pre_abi,
-        "post_abi": plan.post_abi,
         "family_barriers": bwd_abi.BARRIER_NAMES,
-        "mbarrier_bytes": MBARRIER_BYTES,
         "producer_regs": PRODUCER_REGS,
         "consumer_regs": CONSUMER_REGS,
     }

@@ -29,7 +29,7 @@ import layouts
 from layouts.operands import TileRead, read_tile
 
 from codegen.abi import KernelABI, SiblingKernel
-from codegen.spec import MMA_K, SUPPORTED_DTYPES, SpecError
+from codegen.spec import SUPPORTED_DTYPES, SpecError
 
 from ..common import descriptor_address_shift, tma_origin_c, window_bounds
 from .abi import POST_PARAMS, PRE_PARAMS, kernel_abi, row_abi
@@ -347,7 +347,28 @@ class BackwardPlan:
     def window_bounds(self) -> tuple[int, int]:
         return window_bounds(self.spec)
 
-    # ----- shared memory -----
+    # ----- shared memory: the tiles every family stages, placed with its own -----
+
+    def place_tiles(self, tiles, advice: str) -> tuple[dict[str, int], int, int]:
+        """(offsets by name, mbarrier offset, total bytes) of K, V, the Q and dO ring, the family's `tiles`
+        ((name, align, bytes, count) each, after dO) and the per-row statistics, in this order; SpecError with
+        `advice` over the shared-memory limit."""
+        s, stats_bytes = self.spec, self.block_m * 4
+        offset, placed = 0, {}
+        for name, align, nbytes, count in (
+                ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
+                ("q", self.q.smem_align, self.q.smem_bytes, s.stages), *tiles,
+                ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
+            offset = _align(offset, align)
+            placed[name] = offset
+            offset += count * nbytes
+        bar_offset = _align(offset, MBARRIER_ALIGN)
+        total = bar_offset + self.abi.barriers.bytes + SMEM_ALIGN_SLACK
+        if total > SMEM_LIMIT:
+            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; {advice}")
+        return placed, bar_offset, total
+
+    # ----- the launch as the manifest describes it -----
 
     def origin_c(self, operand: layouts.OperandDerivation, names: tuple[str, str, str], seq_len: int) -> str:
         return tma_origin_c(operand, names, seq_len)
@@ -464,27 +485,13 @@ class Plan(BackwardPlan):
 
     @cached_property
     def smem(self) -> SmemMap:
-        s = self.spec
-        offset, placed = 0, {}
-        stats_bytes = self.block_m * 4
-        for name, align, nbytes, count in (
-                ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
-                ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
-                ("do", self.q.smem_align, self.q.smem_bytes, s.stages),
-                ("ds", self.ds.smem_align, self.ds.smem_bytes, CONSUMERS * self.ds_buffers),
-                ("dq", 16, self.dq_stage_bytes, 1),
-                ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
-            offset = _align(offset, align)
-            placed[name] = offset
-            offset += count * nbytes
-        bar_offset = _align(offset, MBARRIER_ALIGN)
-        total = bar_offset + self.abi.barriers.bytes + SMEM_ALIGN_SLACK
-        if total > SMEM_LIMIT:
-            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; use "
-                            "fewer stages")
+        placed, bar_offset, total = self.place_tiles((
+            ("do", self.q.smem_align, self.q.smem_bytes, self.spec.stages),
+            ("ds", self.ds.smem_align, self.ds.smem_bytes, CONSUMERS * self.ds_buffers),
+            ("dq", 16, self.dq_stage_bytes, 1)), "use fewer stages")
         return SmemMap(placed["k"], placed["v"], self.k.smem_bytes, placed["q"], placed["do"], self.q.smem_bytes,
-                       placed["lse"], placed["delta"], stats_bytes, placed["ds"], self.ds.smem_bytes, placed["dq"], bar_offset,
-                       total)
+                       placed["lse"], placed["delta"], self.block_m * 4, placed["ds"], self.ds.smem_bytes, placed["dq"],
+                       bar_offset, total)
 
     @property
     def ds_pair_contiguous(self) -> bool:

@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from layouts import fragments, staging
+from layouts import fragments
 from layouts.cexpr import compile_c_expr
 
-from codegen.abi import MBARRIER_BYTES
-
 from .. import Family
-from ..bwd_sm90 import post_name, pre_name, regenerate_command
-from ..bwd_sm90.plan import ROW_THREADS, ROW_WARPS, BackwardSpec, resolve
+from ..bwd_sm90 import common_context
+from ..bwd_sm90.plan import BackwardSpec, resolve
 from ..fwd_sm90 import describe_descriptors
-from ..fwd_sm90.abi import LOG2E
 from . import abi as wide_abi
 from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, DQ_CHUNK_COLS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS,
                    WGMMA_M, WidePlan)
 
 __all__ = ["FAMILY", "WidePlan"]
-
-TMA_COORD_PARAMS = ("row", "head", "batch")
 
 
 def make_plan(spec: BackwardSpec) -> WidePlan:
@@ -67,56 +62,26 @@ def _dkv_store_bases(plan: WidePlan) -> tuple[tuple[int, int, int], ...]:
     return fragments.address_bases(offsets, range(plan.head_tiles * per_tile))
 
 
-def _table(read) -> dict:
-    values = read.descriptors()
-    return {"values": values, "fields": describe_descriptors(values), "trans": read.transpose}
-
-
 def context(plan: WidePlan) -> dict:
-    s = plan.spec
     for n in (KEYS_PER_CONSUMER, BLOCK_N, DQ_CHUNK_COLS):
         fragments.check_accumulator_prefix(n)
     fragments.check_separable(KEYS_PER_CONSUMER)  # the mask adds a per-register offset to a thread's value 0
-    staging.check_column_swizzle_c(s.head_dim)  # the dQ accumulator's column swizzle, as rendered (_post reads it)
     stores = _pd_store_bases(plan)
     bases = sorted({base for _, base, _ in stores})
     dkv_stores = _dkv_store_bases(plan)
     dkv_bases = sorted({base for _, base, _ in dkv_stores})
-    import codegen
-
-    tables = {name: _table(read) for name, read in (
-        ("q_as_a", plan.q_as_a), ("kv_as_b", plan.kv_as_b.first), ("q_as_a_mn", plan.q_as_a_mn.first),
-        ("pd_as_b", plan.pd_as_b), ("ds_as_a", plan.ds_as_a), ("k_as_b_mn", plan.k_as_b_mn.first))}
-    values = {}
-    for name, table in tables.items():
-        values[name] = table["values"]
-        values[name + "_fields"] = table["fields"]
-        values[name + "_trans"] = table["trans"]
-    tma_tiles = [{"name": name, "verbs": ("load",), "rank": op.tensor_map.rank,
-                  "params": ", ".join(f"int {p}" for p in TMA_COORD_PARAMS),
-                  "coords": plan.origin_c(op, TMA_COORD_PARAMS, seq_len)}
-                 for name, op, seq_len in (("q", plan.q, s.seq_len), ("k", plan.k, s.seq_len_k))]
-    (tma_rank,) = {t["rank"] for t in tma_tiles}
-    left, right = plan.window_bounds
+    tables = {}
+    for name, read in (("q_as_a", plan.q_as_a), ("kv_as_b", plan.kv_as_b.first), ("q_as_a_mn", plan.q_as_a_mn.first),
+                       ("pd_as_b", plan.pd_as_b), ("ds_as_a", plan.ds_as_a), ("k_as_b_mn", plan.k_as_b_mn.first)):
+        values = read.descriptors()
+        tables.update({name: values, name + "_fields": describe_descriptors(values), name + "_trans": read.transpose})
     return {
-        **values,
+        **common_context(plan),
+        **tables,
         "kv_as_b_step": plan.kv_as_b.step,
         "q_as_a_mn_step": plan.q_as_a_mn.step,
         "k_as_b_mn_step": plan.k_as_b_mn.step,
-        "version": codegen.__version__,
-        "regenerate": regenerate_command(s),
         "summary": summary(plan),
-        "kernel_name": s.name,
-        "pre_name": pre_name(s),
-        "post_name": post_name(s),
-        "ptx_type": s.dtype,
-        "seq_len": s.seq_len,
-        "seq_len_k": s.seq_len_k,
-        "heads": s.heads,
-        "group": s.group,
-        "head_dim": s.head_dim,
-        "block_m": plan.block_m,
-        "block_n": BLOCK_N,
         "keys_per_consumer": KEYS_PER_CONSUMER,
         "head_tiles": plan.head_tiles,
         "head_rows": plan.head_tiles * WGMMA_M,
@@ -124,22 +89,6 @@ def context(plan: WidePlan) -> dict:
         "dq_cols": plan.dq_cols,
         "dq_chunks": plan.dq_chunks,
         "dq_chunk_n": DQ_CHUNK_COLS,
-        "stages": s.stages,
-        "padded_rows": plan.padded_rows,
-        "n_blocks": plan.n_blocks,
-        "window_left": left,
-        "window_right": right,
-        "softcap_c": f"{float(s.softcap)!r}f",
-        "log2e": repr(LOG2E),
-        "elem_bytes": s.elem_bytes,
-        "threads": plan.threads,
-        "row_threads": ROW_THREADS,
-        "row_warps": ROW_WARPS,
-        "row_lanes": plan.row_lanes,
-        "row_vector": plan.row_vector,
-        "smem": plan.smem,
-        "smem_align": plan.smem_align,
-        "desc_address_shift": plan.desc_address_shift,
         "pd_offset_c": plan.pd.formula_c,
         "pd_buffers": PD_BUFFERS,
         "pd_store_bases": bases,
@@ -148,16 +97,7 @@ def context(plan: WidePlan) -> dict:
         "dkv_run": plan.dkv_run,
         "dkv_store_bases": dkv_bases,
         "dkv_stores": [{"base": dkv_bases.index(base), "imm": imm} for _, base, imm in dkv_stores],
-        "dq_col_c": staging.column_swizzle_c(s.head_dim),
-        "dq_chunk_cols": staging.CHUNK_COLS,
-        "acc": fragments.wgmma_accumulator_c(),
-        "tma_rank": tma_rank,
-        "tma_tiles": tma_tiles,
-        "abi": plan.abi,
-        "pre_abi": plan.pre_abi,
-        "post_abi": plan.post_abi,
         "family_barriers": wide_abi.BARRIER_NAMES,
-        "mbarrier_bytes": MBARRIER_BYTES,
         "producer_regs": PRODUCER_REGS,
         "consumer_regs": CONSUMER_REGS,
     }

@@ -32,8 +32,7 @@ from layouts.operands import TileRead, read_tile, verify_slices
 
 from codegen.spec import SpecError
 
-from ..bwd_sm90.plan import (MBARRIER_ALIGN, SMEM_ALIGN_SLACK, SMEM_LIMIT, WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan,
-                             _align, _derive)
+from ..bwd_sm90.plan import WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan, _derive
 from ..common import descriptor_address_shift
 from .abi import kernel_abi
 
@@ -192,29 +191,15 @@ class WidePlan(BackwardPlan):
 
     @cached_property
     def smem(self) -> WideSmem:
-        s = self.spec
-        offset, placed = 0, {}
-        stats_bytes = self.block_m * 4
-        for name, align, nbytes, count in (
-                ("k", self.k.smem_align, self.k.smem_bytes, 1), ("v", self.k.smem_align, self.k.smem_bytes, 1),
-                ("q", self.q.smem_align, self.q.smem_bytes, s.stages),
-                ("do", self.q.smem_align, self.q.smem_bytes, DO_STAGES),
-                ("p", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS),
-                ("ds", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS),
-                ("lse", 16, stats_bytes, s.stages), ("delta", 16, stats_bytes, s.stages)):  # bulk copies: 16 B
-            offset = _align(offset, align)
-            placed[name] = offset
-            offset += count * nbytes
-        bar_offset = _align(offset, MBARRIER_ALIGN)
-        total = bar_offset + self.abi.barriers.bytes + SMEM_ALIGN_SLACK
+        placed, bar_offset, total = self.place_tiles((
+            ("do", self.q.smem_align, self.q.smem_bytes, DO_STAGES),
+            ("p", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS),
+            ("ds", self.pd.smem_align, self.pd.smem_bytes, PD_BUFFERS)), "the wide backward fits 2 stages")
         # dK's and dV's stage tiles reuse the K and V tiles.
         assert self.k.smem_bytes >= self.dkv_stage.smem_bytes, (self.k.smem_bytes, self.dkv_stage.smem_bytes)
         assert placed["k"] % self.dkv_stage.smem_align == 0 and placed["v"] % self.dkv_stage.smem_align == 0
-        if total > SMEM_LIMIT:
-            raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {SMEM_LIMIT}-byte limit; the wide "
-                            "backward fits 2 stages")
         return WideSmem(placed["k"], placed["v"], self.k.smem_bytes, placed["q"], placed["do"], self.q.smem_bytes,
-                        placed["lse"], placed["delta"], stats_bytes, placed["p"], placed["ds"], self.pd.smem_bytes,
+                        placed["lse"], placed["delta"], self.block_m * 4, placed["p"], placed["ds"], self.pd.smem_bytes,
                         bar_offset, total)
 
     @cached_property
