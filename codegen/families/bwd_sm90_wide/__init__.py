@@ -11,7 +11,7 @@ from layouts.cexpr import compile_c_expr
 
 from .. import Family
 from ..bwd_sm90 import common_context
-from ..bwd_sm90.plan import BackwardSpec, resolve
+from ..bwd_sm90.plan import THREADS_PER_WARPGROUP, BackwardSpec, resolve
 from ..fwd_sm90 import describe_descriptors
 from . import abi as wide_abi
 from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, DQ_CHUNK_COLS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS,
@@ -83,6 +83,8 @@ def context(plan: WidePlan) -> dict:
         "k_as_b_mn_step": plan.k_as_b_mn.step,
         "summary": summary(plan),
         "keys_per_consumer": KEYS_PER_CONSUMER,
+        "warpgroup_threads": THREADS_PER_WARPGROUP,
+        "consumer_threads": CONSUMERS * THREADS_PER_WARPGROUP,
         "head_tiles": plan.head_tiles,
         "head_rows": plan.head_tiles * WGMMA_M,
         "tile_rows": WGMMA_M,
