@@ -157,22 +157,22 @@ class BackwardSpec:
         return d
 
 
-def plan_class(spec: BackwardSpec):
-    """The Plan of the spec's family (the wide one imports this module)."""
-    if spec.family == "bwd_sm90":
-        return Plan
-    from ..bwd_sm90_wide.plan import WidePlan
-
-    return WidePlan
-
-
 @functools.lru_cache(maxsize=256)
 def resolve(spec: BackwardSpec) -> BackwardSpec:
-    """The spec with its defaults filled, for either backward family; raises SpecError where no kernel can be made."""
+    """The spec with its defaults filled, by its own family (BackwardSpec.family: this one, or bwd_sm90_wide through
+    the registry); raises SpecError where no kernel can be made."""
+    if spec.family != "bwd_sm90":
+        from codegen import families
+
+        return families.get(spec.family).resolve(spec)
+    return resolve_for(spec, Plan)
+
+
+def resolve_for(spec: BackwardSpec, planner) -> BackwardSpec:
+    """The defaults every backward family fills, and the refusals every one makes, with the family's plan class."""
     # A bound reaching past every key is none: one kernel (and no int overflow) for all of them.
     window = tuple(-1 if w >= spec.seq_len + spec.seq_len_k else w for w in spec.window)
     spec = spec.replace(window=window, block_m=spec.block_m or spec.max_block_m)
-    planner = plan_class(spec)
     if spec.deterministic and planner(spec).dq_split is None:
         raise SpecError(f"deterministic=True needs dQ added as one tile per key block, which head_dim {spec.head_dim} "
                         "does not have yet (its consumers add their own keys' dQ by atomics)")
@@ -508,8 +508,7 @@ def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str) -> la
 
 
 def make_plan(spec: BackwardSpec) -> Plan:
-    spec = resolve(spec)
-    return plan_class(spec)(spec)
+    return Plan(resolve(spec))
 
 
 def _align(x: int, a: int) -> int:

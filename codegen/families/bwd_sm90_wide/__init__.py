@@ -11,17 +11,13 @@ from layouts.cexpr import compile_c_expr
 
 from .. import Family
 from ..bwd_sm90 import common_context
-from ..bwd_sm90.plan import THREADS_PER_WARPGROUP, BackwardSpec, resolve
+from ..bwd_sm90.plan import THREADS_PER_WARPGROUP
 from ..fwd_sm90 import describe_descriptors
 from . import abi as wide_abi
 from .plan import (BLOCK_N, CONSUMER_REGS, CONSUMERS, DQ_CHUNK_COLS, KEYS_PER_CONSUMER, PD_BUFFERS, PRODUCER_REGS,
-                   WGMMA_M, WidePlan)
+                   WGMMA_M, WidePlan, make_plan, resolve)
 
 __all__ = ["FAMILY", "WidePlan"]
-
-
-def make_plan(spec: BackwardSpec) -> WidePlan:
-    return WidePlan(resolve(spec))
 
 
 def summary(plan: WidePlan) -> str:

@@ -24,6 +24,7 @@ emitted as one descriptor table plus a byte step (`window_step`, checked here).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -32,7 +33,7 @@ from layouts.operands import TileRead, read_tile, verify_slices
 
 from codegen.spec import SpecError
 
-from ..bwd_sm90.plan import WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan, _derive
+from ..bwd_sm90.plan import WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan, BackwardSpec, _derive, resolve_for
 from ..common import descriptor_address_shift
 from .abi import kernel_abi
 
@@ -205,3 +206,12 @@ class WidePlan(BackwardPlan):
     @cached_property
     def desc_address_shift(self) -> int:
         return descriptor_address_shift((self.q, self.k, self.pd))
+
+
+@functools.lru_cache(maxsize=256)
+def resolve(spec: BackwardSpec) -> BackwardSpec:
+    return resolve_for(spec, WidePlan)
+
+
+def make_plan(spec: BackwardSpec) -> WidePlan:
+    return WidePlan(resolve(spec))
