@@ -48,7 +48,7 @@ BLOCK_N = CONSUMERS * KEYS_PER_CONSUMER
 # (a split of dK/dV across warpgroups is not written yet).
 BLOCK_M_BY_HEAD_DIM = {64: 128, 96: 64, 128: 64}
 # Wider head dims are the bwd_sm90_wide family's: it keeps dK and dV transposed (M = the head dim, 128 rows a
-# consumer) over 64-key blocks of 64-query blocks (codegen/families/bwd_sm90_wide/plan.py).
+# consumer) over 80-key blocks of 64-query blocks (codegen/families/bwd_sm90_wide/plan.py).
 WIDE_BLOCK_M_BY_HEAD_DIM = {256: 64}
 HEAD_DIMS = tuple(BLOCK_M_BY_HEAD_DIM) + tuple(WIDE_BLOCK_M_BY_HEAD_DIM)
 # A soft cap keeps its tanh slope beside S^T: 128 queries at D=64 then spill 8 bytes (72 of the 120 soft-capped
