@@ -13,7 +13,7 @@ from codegen import families
 from codegen.build import build
 from codegen.families.bwd_sm90 import BackwardSpec, post_name, pre_name, resolve
 from codegen.families.bwd_sm90_wide import context
-from codegen.families.bwd_sm90_wide.plan import BLOCK_N, KEYS_PER_CONSUMER, WidePlan, window_step
+from codegen.families.bwd_sm90_wide.plan import WidePlan, window_step
 from codegen.spec import SpecError
 from layouts import LayoutError, derive_operand
 from layouts.cexpr import compile_c_expr
@@ -36,7 +36,9 @@ def test_head_dim_256_is_the_wide_familys():
     assert spec.family == "bwd_sm90_wide" and families.family_for(spec).name == "bwd_sm90_wide"
     assert BackwardSpec(seq_len=1, seq_len_k=1, heads=1, kv_heads=1, head_dim=128).family == "bwd_sm90"
     plan = families.make_plan(spec)
-    assert isinstance(plan, WidePlan) and plan.block_m == 64 and plan.block_n == BLOCK_N == 80
+    assert isinstance(plan, WidePlan) and plan.block_m == 64 and plan.block_n == 80
+    assert (plan.consumers, plan.keys_per_consumer, plan.head_rows, plan.head_tiles, plan.dq_chunks) == (2, 40, 128, 2, 2)
+    assert plan.threads == 384 and plan.consumer_regs == 240
     assert plan.n_blocks == -(-1000 // 80) and plan.smem.total <= 227 * 1024
     # dO has one slot of its own beside the two-slot ring of Q.
     assert plan.smem.v_offset - plan.smem.k_offset == plan.smem.kv_bytes == 80 * 256 * 2
@@ -91,16 +93,18 @@ def test_the_products_compose_from_the_reads_the_kernel_makes():
 def test_p_and_ds_stores_cover_the_tile_from_their_bases():
     """Consumer c's S value i goes to (key 40c + col, query row) at its base plus immediate, as the kernel computes
     the bases; over both consumers every element of the keys x queries tile is stored once."""
-    ctx = context(wide_plan())
+    plan = wide_plan()
+    ctx = context(plan)
     acc_row, acc_col = _fragment_c(ctx)
     offset = compile_c_expr(ctx["pd_offset_c"], ("n", "k"))
+    keys = plan.keys_per_consumer
     seen = np.zeros(80 * 64 * 2, dtype=int)
-    assert len(ctx["pd_stores"]) == KEYS_PER_CONSUMER // 2
+    assert len(ctx["pd_stores"]) == keys // 2 == 20
     for c in range(2):
         for i, store in enumerate(ctx["pd_stores"]):
             b = ctx["pd_store_bases"][store["base"]]
-            at_base = np.asarray(offset({"n": KEYS_PER_CONSUMER * c + acc_col(b), "k": acc_row(b)}))
-            want = np.asarray(offset({"n": KEYS_PER_CONSUMER * c + acc_col(i), "k": acc_row(i)}))
+            at_base = np.asarray(offset({"n": keys * c + acc_col(b), "k": acc_row(b)}))
+            want = np.asarray(offset({"n": keys * c + acc_col(i), "k": acc_row(i)}))
             assert np.array_equal(at_base + store["imm"], want)
             np.add.at(seen, want, 1)
     assert np.array_equal(seen[::2], np.ones(80 * 64, dtype=int)) and not seen[1::2].any()
@@ -113,7 +117,7 @@ def test_dk_and_dv_leave_through_the_stage_tile_as_whole_runs():
     ctx = context(plan)
     acc_row, acc_col = _fragment_c(ctx)
     offset = compile_c_expr(ctx["dkv_offset_c"], ("m", "n"))
-    per_tile = BLOCK_N // 2
+    per_tile = plan.block_n // 2
     seen = np.zeros(80 * 256 * 2, dtype=int)
     for c in range(2):
         for v, store in enumerate(ctx["dkv_stores"]):

@@ -33,17 +33,19 @@ from layouts.operands import TileRead, read_tile, verify_slices
 
 from codegen.spec import SpecError
 
-from ..bwd_sm90.plan import WIDE_BLOCK_M_BY_HEAD_DIM, BackwardPlan, BackwardSpec, _derive, resolve_for
+from ..bwd_sm90.plan import (THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, BackwardPlan, BackwardSpec, _derive,
+                             resolve_for)
 from ..common import descriptor_address_shift
 from .abi import kernel_abi
 
-CONSUMERS = 2
-BLOCK_N = 80                    # keys per CTA
-KEYS_PER_CONSUMER = BLOCK_N // CONSUMERS  # the N of a consumer's S and dP
-HEAD_ROWS_PER_CONSUMER = 128    # the head-dim rows of dK^T and dV^T a consumer owns (two m64 tiles)
+# Per head dim: (consumer warpgroups, keys per CTA). Each consumer owns head_dim / consumers rows of dK^T and dV^T
+# (m64 tiles) and keys / consumers keys of S and dP. D=256: FA3's 2 x 80 (LOG b10: 64 keys held the kernel at the
+# L2's limit).
+SHAPES = {256: (2, 80)}
+CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer count: (64K - 128 x 24) / consumer threads, rounded to 8
 WGMMA_M = 64
-PRODUCER_REGS, CONSUMER_REGS = 24, 240
-HEAD_DIMS = tuple(WIDE_BLOCK_M_BY_HEAD_DIM)
+PRODUCER_REGS = 24
+HEAD_DIMS = tuple(SHAPES)
 PD_BUFFERS = 2  # P^T and dS^T tiles each: block t writes buffer t % 2 while the other consumer may read t - 1's
 DO_STAGES = 1   # dO's own ring (abi.py)
 DQ_CHUNK_COLS = 64  # dQ's wgmma N: a consumer's 128 columns in two chunks, 32 registers each
@@ -62,7 +64,7 @@ class WideSmem:
     stats_bytes: int
     p_offset: int     # PD_BUFFERS tiles of P^T, then PD_BUFFERS of dS^T
     ds_offset: int
-    pd_bytes: int     # one P^T (or dS^T) tile: BLOCK_N keys x block_m queries
+    pd_bytes: int     # one P^T (or dS^T) tile: block_n keys x block_m queries
     bar_offset: int
     total: int
 
@@ -97,26 +99,55 @@ def window_step(reads) -> Windows:
 
 @dataclass(frozen=True)
 class WidePlan(BackwardPlan):
-    block_n = BLOCK_N
-
     def __post_init__(self) -> None:
         super().__post_init__()
         d = self.spec.head_dim
-        if d != CONSUMERS * HEAD_ROWS_PER_CONSUMER:
-            raise SpecError(f"head_dim {d}: the wide backward splits the head dim as {CONSUMERS} consumers x "
-                            f"{HEAD_ROWS_PER_CONSUMER} rows")
+        if d not in SHAPES:
+            raise SpecError(f"head_dim {d}: the wide backward is shaped for {HEAD_DIMS}")
+        if self.head_rows % WGMMA_M or self.block_n % self.consumers or self.dq_cols % DQ_CHUNK_COLS:
+            raise SpecError(f"head_dim {d}: {self.consumers} consumers do not split it into whole m64 tiles, its "
+                            f"{self.block_n} keys evenly and dQ into {DQ_CHUNK_COLS}-column chunks")
         if self.block_m != WGMMA_M:
             raise SpecError(f"block_m {self.block_m}: the wide backward's S has M = {WGMMA_M} queries")
+
+    # ----- the shape (SHAPES) -----
+
+    @property
+    def consumers(self) -> int:
+        return SHAPES[self.spec.head_dim][0]
+
+    @property
+    def block_n(self) -> int:
+        return SHAPES[self.spec.head_dim][1]
+
+    @property
+    def keys_per_consumer(self) -> int:
+        """The N of a consumer's S and dP."""
+        return self.block_n // self.consumers
+
+    @property
+    def head_rows(self) -> int:
+        """The head-dim rows of dK^T and dV^T a consumer owns."""
+        return self.spec.head_dim // self.consumers
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * THREADS_PER_WARPGROUP
+
+    @property
+    def consumer_regs(self) -> int:
+        return CONSUMER_REGS[self.consumers]
 
     # ----- the P^T and dS^T tiles (keys x queries: the K-major B of dV^T and dK^T) -----
 
     @cached_property
     def pd(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, self.block_m, BLOCK_N, self.spec.dtype)
+        return _derive("k", self.spec.arch, self.block_m, self.block_n, self.spec.dtype)
 
     @cached_property
     def abi(self):
-        return kernel_abi(stages=self.spec.stages, consumer_warps=CONSUMERS * 4, kv_heads=self.spec.kv_heads,
+        return kernel_abi(stages=self.spec.stages, consumer_warps=self.consumers * WARPS_PER_WARPGROUP,
+                          kv_heads=self.spec.kv_heads,
                           n_blocks=self.n_blocks)
 
     # ----- the reads (each verified by read_tile) -----
@@ -128,22 +159,22 @@ class WidePlan(BackwardPlan):
 
     @cached_property
     def kv_as_b(self) -> Windows:
-        """K (and V) as the B of S (dP): consumer c's 40 keys as N, K over the head dim."""
-        return window_step([read_tile(self.k, row_name="n", k_name="k", rows=KEYS_PER_CONSUMER,
-                                      row0=KEYS_PER_CONSUMER * c) for c in range(CONSUMERS)])
+        """K (and V) as the B of S (dP): consumer c's keys as N, K over the head dim."""
+        keys = self.keys_per_consumer
+        return window_step([read_tile(self.k, row_name="n", k_name="k", rows=keys, row0=keys * c)
+                            for c in range(self.consumers)])
 
     @cached_property
     def q_as_a_mn(self) -> Windows:
         """Q (and dO) transposed as the A of dK^T += Q^T dS (dV^T += dO^T P): M = 64 head-dim rows, K over the
-        queries; window w = 2c + j is consumer c's m64 tile j."""
-        tiles = HEAD_ROWS_PER_CONSUMER // WGMMA_M
+        queries; window w = c * head_tiles + j is consumer c's m64 tile j."""
         return window_step([read_tile(self.q, row_name="k", k_name="n", rows=WGMMA_M, row0=WGMMA_M * w)
-                            for w in range(CONSUMERS * tiles)])
+                            for w in range(self.spec.head_dim // WGMMA_M)])
 
     @cached_property
     def pd_as_b(self) -> TileRead:
         """P^T (and dS^T) as the B of dV^T (dK^T): N = the block's keys, K over the queries (K-major)."""
-        return read_tile(self.pd, row_name="n", k_name="k", rows=BLOCK_N)
+        return read_tile(self.pd, row_name="n", k_name="k", rows=self.block_n)
 
     @cached_property
     def ds_as_a(self) -> TileRead:
@@ -153,14 +184,14 @@ class WidePlan(BackwardPlan):
     @cached_property
     def k_as_b_mn(self) -> Windows:
         """K as the B of dQ: N = a 64-column chunk of the head dim, K over the block's keys (MN-major); window
-        w = 2c + h is consumer c's chunk h."""
+        w = c * dq_chunks + h is consumer c's chunk h."""
         return window_step([read_tile(self.k, row_name="k", k_name="n", rows=DQ_CHUNK_COLS, row0=DQ_CHUNK_COLS * w)
                             for w in range(self.spec.head_dim // DQ_CHUNK_COLS)])
 
     @property
     def dq_cols(self) -> int:
         """Head-dim columns of dQ per consumer."""
-        return self.spec.head_dim // CONSUMERS
+        return self.spec.head_dim // self.consumers
 
     @property
     def dq_chunks(self) -> int:
@@ -170,14 +201,14 @@ class WidePlan(BackwardPlan):
     @property
     def head_tiles(self) -> int:
         """m64 tiles of dK^T (and dV^T) per consumer."""
-        return HEAD_ROWS_PER_CONSUMER // WGMMA_M
+        return self.head_rows // WGMMA_M
 
     @cached_property
     def dkv_stage(self) -> layouts.OperandDerivation:
         """dK and dV leave through shared memory as key rows of the forward's O epilogue tile (keys x head dim), in
         the K and V tiles once both consumers are done: their transposed accumulators store 16-bit values there
         without bank conflicts, and whole rows go out as 16-byte runs."""
-        return _derive("o", self.spec.arch, self.spec.head_dim, BLOCK_N, self.spec.dtype)
+        return _derive("o", self.spec.arch, self.spec.head_dim, self.block_n, self.spec.dtype)
 
     @property
     def dkv_run(self) -> int:
