@@ -88,7 +88,7 @@ class BackwardLauncher:
             self.maps[op] = TensorMapCache(params, 8)
         if self.plan.grid(shape.batch)[0] >= 2**31:
             raise InputError(f"{self.plan.grid(shape.batch)[0]} CTAs: over the grid's limit; split the batch")
-        self.longest_first = self.plan.longest_first(shape.batch, _sm_count(device.index or 0))
+        self.section = self.plan.section(shape.batch, _sm_count(device.index or 0))
 
     def __call__(self, q, k, v, o, lse, do):
         import torch
@@ -113,7 +113,7 @@ class BackwardLauncher:
                              for op, t in (("q", q), ("k", k), ("v", v), ("do", do))},
                     **_strided("dk", dk, self.layout), **_strided("dv", dv, self.layout),
                     scale_log2=float(self.scale * LOG2E), scale=float(self.scale), batch=shape.batch,
-                    longest_first=int(self.longest_first))
+                    section=self.section)
         post = dict(dq_accum=dq_accum.data_ptr(), **_strided("dq", dq, self.layout), scale=float(self.scale),
                     batch=shape.batch)
         row_grid = plan.row_grid(shape.batch)

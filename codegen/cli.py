@@ -166,7 +166,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                              "where the tiles fill the SMs)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
-                             ".backward()); D 64, 96, 128 or 256 on sm_90a")
+                             ".backward()); D 64, 96, 128, 192 or 256 on sm_90a")
     parser.add_argument("--deterministic", action="store_true",
                         help="with --backward: dQ's key blocks add in a fixed order (bit-identical gradients)")
     parser.add_argument("--varlen", action="store_true",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pathlib
+
 import gen
 from codegen.build import build
 from codegen.render import render
@@ -14,6 +16,9 @@ from codegen.spec import SpecError
 from layouts import LayoutError, derive_operand, fragments
 from layouts.cexpr import compile_c_expr
 from layouts.operands import read_tile
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def plan_of(**kw) -> Plan:
@@ -188,7 +193,7 @@ def test_accumulator_coordinates_are_a_thread_part_plus_a_register_part():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(head_dim=192), "head_dim 192"),
+    (dict(head_dim=160), "head_dim 160"),
     (dict(head_dim=96, deterministic=True), "deterministic=True needs dQ added as one tile"),
     (dict(heads=6, kv_heads=4), "multiple of kv_heads"),
     (dict(dtype="f32"), "dtype"),
@@ -228,10 +233,41 @@ def test_the_manifest_describes_the_main_kernel_from_its_abi():
     assert [a["name"] for a in post["arguments"]][0] == "dq_accum" and pre["block"] == [128, 1, 1]
 
 
-def test_banded_grids_of_a_few_waves_launch_the_long_ctas_first():
+def test_banded_grids_launch_the_long_ctas_first_in_sections_that_fit_the_l2():
     causal = plan_of(causal=True, seq_len=8192, seq_len_k=8192, heads=32, kv_heads=8)  # 64 x 8 = 512 CTAs
-    assert causal.longest_first(batch=1, sms=132) and not causal.longest_first(batch=4, sms=132)
-    assert not plan_of(seq_len=8192, seq_len_k=8192).longest_first(batch=1, sms=132)  # no band: all CTAs alike
+    assert causal.section(batch=1, sms=132) == 8  # a few waves: every pair
+    # 2048 CTAs: sections of pairs whose Q, dO (4 heads x 8192 x 128 x 2 x 2 B) and dQ accumulators (x 4 B) fit
+    # half the L2 twice over: 32 MiB a pair, so one.
+    assert causal.pair_bytes == 4 * 128 * (2 * 8192 * 2 + 4 * 8192) and causal.section(batch=4, sms=132) == 1
+    assert plan_of(causal=True, seq_len=4096, seq_len_k=4096, heads=32, kv_heads=32).section(batch=4, sms=132) == 4
+    assert plan_of(seq_len=8192, seq_len_k=8192).section(batch=1, sms=132) == 1  # no band: all CTAs alike
+
+
+@pytest.mark.parametrize("pairs_per_batch, batch, section", [(32, 4, 1), (32, 4, 4), (32, 4, 128), (3, 5, 4),
+                                                            (2, 3, 6)])
+def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_batch, batch, section):
+    """this_cta's map (schedule.j2), computed as the kernel does: every (key block, pair) once, a pair's key blocks
+    in ascending order (deterministic mode waits on them so), each section's key blocks slowest."""
+    n_blocks = 5
+    pairs = pairs_per_batch * batch
+    seen, last = set(), {}
+    for idx in range(n_blocks * pairs):
+        first = idx // (section * n_blocks) * section
+        size = min(section, pairs - first)
+        r = idx - first * n_blocks
+        pair, n_block = first + r % size, r // size
+        head_kv, b = pair % pairs_per_batch, pair // pairs_per_batch
+        assert (n_block, head_kv, b) not in seen and 0 <= n_block < n_blocks and b < batch
+        seen.add((n_block, head_kv, b))
+        assert last.get(pair, -1) == n_block - 1
+        last[pair] = n_block
+    assert len(seen) == n_blocks * pairs
+    source = (ROOT / "templates" / "bwd_sm90" / "schedule.j2").read_text()
+    for line in ("const int pairs = kv_heads * p.batch, first = idx / (p.section * n_blocks) * p.section;",
+                 "const int size = min(p.section, pairs - first), r = idx - first * n_blocks;",
+                 "const int pair = first + r % size;", "return Cta{r / size, pair % kv_heads, pair / kv_heads};"):
+        assert line in source, "the test's copy of this_cta no longer matches the template's"
+
 
 
 def test_cli_emits_the_backward_kernels(tmp_path, capsys):
@@ -242,7 +278,7 @@ def test_cli_emits_the_backward_kernels(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--shape", "1000,16,192", "--backward"], "head_dim 192"),
+    (["--shape", "1000,16,96", "--backward", "--deterministic"], "deterministic=True needs dQ added as one tile"),
     (["--shape", "1000,16,128", "--backward", "--run"], "--run is not written for the backward"),
     (["--shape", "1000,16,128", "--deterministic"], "add --backward"),
     (["--shape", "1000,16,128", "--backward", "--sinks"], "sinks need nothing"),
@@ -275,15 +311,16 @@ def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
     from codegen import attention
     from codegen.api import InputError
 
-    def traced(dim, fullgraph):
+    def traced(dim, fullgraph, **options):
         q = torch.randn(1, 128, 2, dim, dtype=torch.bfloat16, requires_grad=True)
         torch._dynamo.reset()
-        return torch.compile(lambda q, k, v: attention(q, k, v, causal=True), fullgraph=fullgraph, backend="eager")(q, q, q)
+        return torch.compile(lambda q, k, v: attention(q, k, v, causal=True, **options), fullgraph=fullgraph,
+                             backend="eager")(q, q, q)
 
     with pytest.raises(NotImplementedError, match="flashgen::attention"):
         traced(128, True)
-    with pytest.raises(InputError, match="backward: head_dim 192"):
-        traced(192, False)
+    with pytest.raises(InputError, match="backward: deterministic=True needs dQ added as one tile"):
+        traced(96, False, deterministic=True)
 
 
 @pytest.mark.parametrize("head_dim,lanes,rows_per_block", [(64, 8, 16), (96, 4, 32), (128, 16, 8)])

@@ -34,8 +34,6 @@ RUNS = 10  # deterministic=True: the same bits this many times
 
 # Refused with an InputError before any launch until they are written (issue 21): the test runs and must see the
 # refusal (strict: once it works, the marker must go).
-NOT_YET_WIDE = pytest.mark.xfail(raises=InputError, strict=True,
-                                 reason="head dim 192: its transposed dK and dV need three consumer warpgroups")
 NOT_YET_VARLEN = pytest.mark.xfail(raises=InputError, strict=True,
                                    reason="the backward of variable-length batches is not written yet")
 
@@ -160,7 +158,7 @@ def test_matches_float64(batch, seq, heads, dtype, causal):
     run_case(batch, seq, seq, heads, heads, 128, dtype, causal=causal)
 
 
-HEAD_DIMS = [pytest.param(d, v, marks=NOT_YET_WIDE if d == 192 else (), id=f"D{d}-{v[0]}-{'causal' if v[1] else 'full'}")
+HEAD_DIMS = [pytest.param(d, v, id=f"D{d}-{v[0]}-{'causal' if v[1] else 'full'}")
              for d, v in itertools.product((64, 96, 192, 256), (("bf16", False), ("f16", True)))]
 
 
@@ -170,17 +168,18 @@ def test_head_dims(head_dim, variant):
     run_case(2, 1000, 1000, 8, 8, head_dim, dtype, causal=causal)
 
 
-# --- D=256, the wide family (bwd_sm90_wide): its own 64-key blocks, P and dS tiles, transposed dK and dV ---------
+# --- D=256 and 192, the wide family (bwd_sm90_wide): its own key blocks, P^T and dS^T tiles, transposed dK, dV ---
 
 WIDE = [(1, 1, 1, 4, 4, "bf16", {}), (2, 63, 65, 4, 2, "f16", {"causal": True}), (1, 300, 1000, 8, 2, "bf16", {"causal": True}),
         (1, 1000, 300, 4, 1, "bf16", {"causal": True}), (2, 700, 900, 4, 4, "bf16", {"window": (64, 64)}),
         (1, 513, 513, 4, 4, "f16", {"softcap": 30.0, "scale_inputs": 4.0}), (1, 2048, 2048, 8, 8, "bf16", {})]
 
 
+@pytest.mark.parametrize("head_dim", (256, 192), ids=("D256", "D192"))
 @pytest.mark.parametrize("batch, seq_q, seq_k, heads, kv_heads, dtype, options", WIDE,
                          ids=[f"B{b}-{sq}x{sk}-H{h}-kv{kv}-{d}-{'-'.join(o) or 'plain'}" for b, sq, sk, h, kv, d, o in WIDE])
-def test_wide_head_dim(batch, seq_q, seq_k, heads, kv_heads, dtype, options):
-    run_case(batch, seq_q, seq_k, heads, kv_heads, 256, dtype, **options)
+def test_wide_head_dim(batch, seq_q, seq_k, heads, kv_heads, dtype, options, head_dim):
+    run_case(batch, seq_q, seq_k, heads, kv_heads, head_dim, dtype, **options)
 
 
 @pytest.mark.parametrize("seq_q, seq_k", [(300, 1000), (1000, 300), (1, 777), (129, 128), (17, 500)])
@@ -216,8 +215,7 @@ def test_softcap(causal):
     run_case(2, 1000, 1000, 4, 4, 128, causal=causal, softcap=30.0, scale_inputs=4.0)
 
 
-@pytest.mark.parametrize("head_dim", [pytest.param(d, marks=NOT_YET_WIDE if d == 192 else (), id=f"D{d}")
-                                      for d in (64, 96, 192, 256)])
+@pytest.mark.parametrize("head_dim", [pytest.param(d, id=f"D{d}") for d in (64, 96, 192, 256)])
 def test_every_option_together(head_dim):
     run_case(2, 700, 900, 8, 2, head_dim, causal=True, window=(256, -1), softcap=20.0, scale_inputs=2.0)
 

@@ -38,8 +38,9 @@ MAIN_PARAMS = (
     Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
     Param("scale", "float", Pack.F32, "the softmax scale (dK's factor)", "scale"),
     _BATCH,
-    Param("longest_first", "int", Pack.I32, "1: CTAs walk the key blocks slowest (a banded mask's long CTAs first), "
-          "0: fastest (a (head, sequence)'s CTAs together, sharing its Q and dO in L2)", "longest_first"),
+    Param("section", "int", Pack.I32, "(K/V head, sequence) pairs per section of the launch order: the CTAs walk the "
+          "key blocks slowest within a section (a banded mask's long CTAs first), the sections one after another "
+          "(sharing their Q and dO in L2); 1: a pair's CTAs together", "section"),
 )
 
 POST_PARAMS = (
@@ -56,9 +57,9 @@ BARRIER_NAMES = ("KvFull", "QFull", "QEmpty", "DqFull", "DqEmpty")
 
 @dataclass(frozen=True)
 class KeyBlockGrid:
-    """One CTA per (key block, K/V head, sequence), in one grid dimension whose order the kernel's longest_first
-    argument picks (codegen.policy: the key block fastest or slowest). Either way key block n of a (head,
-    sequence) launches before n + 1, which deterministic mode's turns rely on."""
+    """One CTA per (key block, K/V head, sequence), in one grid dimension whose order the kernel's section argument
+    picks (Plan.section: sections of (head, sequence) pairs, the key block slowest within one). Either way key block
+    n of a (head, sequence) launches before n + 1, which deterministic mode's turns rely on."""
 
     kv_heads: int
     n_blocks: int

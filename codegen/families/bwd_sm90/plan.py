@@ -47,9 +47,9 @@ BLOCK_N = CONSUMERS * KEYS_PER_CONSUMER
 # 128 x 128 at D=64 and 64 x 128 above). With head dims above 128 dK and dV do not fit beside 64 queries either
 # (a split of dK/dV across warpgroups is not written yet).
 BLOCK_M_BY_HEAD_DIM = {64: 128, 96: 64, 128: 64}
-# Wider head dims are the bwd_sm90_wide family's: it keeps dK and dV transposed (M = the head dim, 128 rows a
-# consumer) over 80-key blocks of 64-query blocks (codegen/families/bwd_sm90_wide/plan.py).
-WIDE_BLOCK_M_BY_HEAD_DIM = {256: 64}
+# Wider head dims are the bwd_sm90_wide family's: it keeps dK and dV transposed (M = the head dim, split among its
+# consumers) over 64-query blocks (codegen/families/bwd_sm90_wide/plan.py, SHAPES).
+WIDE_BLOCK_M_BY_HEAD_DIM = {192: 64, 256: 64}
 HEAD_DIMS = tuple(BLOCK_M_BY_HEAD_DIM) + tuple(WIDE_BLOCK_M_BY_HEAD_DIM)
 # A soft cap keeps its tanh slope beside S^T: 128 queries at D=64 then spill 8 bytes (72 of the 120 soft-capped
 # D=64 specs of b6's sweep; FA3 also drops to 96 x 128 there), so soft-capped kernels keep 64-query blocks.
@@ -61,11 +61,14 @@ SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 STAGES = 2
 # The launch order (KeyBlockGrid): under a banded mask (causal, windows) the first key blocks see the most queries.
-# Where the grid is a few waves, launching the key block slowest (every long CTA first) keeps the long ones off the
-# tail; where it is many, the key block fastest keeps a (head, sequence)'s CTAs together so they share its Q and dO
-# in L2. Measured (bench/LOG.md, "Backward", b4): key block slowest took (1,8192,32,128) GQA causal, 512 CTAs, from
-# 0.744x to 0.889x cuDNN, and (4,4096,32,128) causal, 4096 CTAs, from 0.846x to 0.678x.
+# Where the grid is a few waves, launching the key block slowest over every pair (every long CTA first) keeps the
+# long ones off the tail; where it is many, that thrashed L2 (bench/LOG.md, "Backward", b4: (1,8192,32,128) GQA
+# causal, 512 CTAs, 0.744x -> 0.889x cuDNN; (4,4096,32,128) causal, 4096 CTAs, 0.846x -> 0.678x), so the pairs go in
+# sections whose Q, dO and dQ accumulators fit half the L2, longest first within each (b11: a list-scheduling model,
+# bench/wip/bwd_dispatch_model.py, has (4,4096,32,128) causal at 0.967 of its bound a pair at a time and 0.999 in
+# sections of 4).
 LONGEST_FIRST_MAX_WAVES = 4
+L2_BYTES = 50 * 1024 * 1024   # H100 and H200
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
 ROW_WARPS = 4                 # the row kernels (_pre, _post): four warps per block
@@ -109,7 +112,7 @@ class BackwardSpec:
             need(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
         need(self.heads % self.kv_heads == 0, f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads}")
         need(self.head_dim in HEAD_DIMS, f"head_dim {self.head_dim}: the backward kernels support {HEAD_DIMS} so far "
-             "(192 needs three consumer warpgroups for its transposed dK and dV, not written yet)")
+             "(those of the forward with whole 64-column swizzle atoms)")
         need(self.dtype in SUPPORTED_DTYPES, f"dtype {self.dtype!r} is not supported; choose one of "
              f"{', '.join(SUPPORTED_DTYPES)}")
         need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
@@ -334,10 +337,25 @@ class BackwardPlan:
         return (SiblingKernel(self.spec.name + PRE_SUFFIX, self.pre_abi, ROW_THREADS, rows),
                 SiblingKernel(self.spec.name + POST_SUFFIX, self.post_abi, ROW_THREADS, rows))
 
-    def longest_first(self, batch: int, sms: int) -> bool:
-        """Whether the CTAs walk the key blocks slowest (LONGEST_FIRST_MAX_WAVES says when and why)."""
-        banded = self.spec.causal or self.spec.window != (-1, -1)
-        return banded and self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms
+    @property
+    def pair_bytes(self) -> int:
+        """What a (K/V head, sequence) pair's CTAs share in L2: Q and dO of its query heads, their dQ accumulators."""
+        s = self.spec
+        return s.group * s.head_dim * (2 * s.seq_len * s.elem_bytes + 4 * self.padded_rows)
+
+    def section(self, batch: int, sms: int) -> int:
+        """(K/V head, sequence) pairs per section of the launch order (LONGEST_FIRST_MAX_WAVES and L2_BYTES say
+        why): without a band every CTA is alike and a pair's stay together (1); under one, every pair where the grid
+        is a few waves, else the largest power of two whose pairs fit half the L2."""
+        pairs = self.spec.kv_heads * batch
+        if not (self.spec.causal or self.spec.window != (-1, -1)):
+            return 1
+        if self.grid(batch)[0] <= LONGEST_FIRST_MAX_WAVES * sms:
+            return pairs
+        section = 1
+        while 2 * section <= pairs and 2 * (2 * section) * self.pair_bytes <= L2_BYTES:
+            section *= 2
+        return section
 
     def row_grid(self, batch: int) -> tuple[int, int, int]:
         """The row kernels' grid: row_lanes lanes per (sequence, head, padded query row)."""

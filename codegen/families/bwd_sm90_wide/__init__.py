@@ -1,4 +1,4 @@
-"""The wide backward kernels for sm_90a (head dim 256): dK and dV kept transposed, M = the head dim
+"""The wide backward kernels for sm_90a (head dims 192 and 256): dK and dV kept transposed, M = the head dim
 (templates/bwd_sm90_wide/, the plan in plan.py). The spec, the ABI, the row kernels and the host path are bwd_sm90's:
 BackwardSpec.family picks this family by head dim."""
 

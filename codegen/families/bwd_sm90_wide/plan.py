@@ -12,6 +12,9 @@ hopper/flash_bwd_launch_template.h, read and not copied):
 * dQ = dS K: consumer c computes head-dim columns [128c, 128c + 128), in two chunks of 64, over all 80 keys, and
   adds them into the fp32 accumulator by vector atomics (no staged tile: 64 KB of it would not fit).
 
+At D=192 (FA3's shape there too) three consumers own 64 head-dim rows each over 96 keys, 32 of them per consumer's
+S and dP, at 160 registers: `SHAPES` holds both.
+
 Why 80 keys and not 64: dQ's atomics and the Q and dO loads are per key block, and at 64 keys they held the kernel
 at the L2's limit (bench/LOG.md, b10: 0.80x cuDNN, 35% of the time in the atomics). 80 keys leave room for one dO
 slot beside two of Q, so dO has a ring of its own (abi.py).
@@ -41,7 +44,7 @@ from .abi import kernel_abi
 # Per head dim: (consumer warpgroups, keys per CTA). Each consumer owns head_dim / consumers rows of dK^T and dV^T
 # (m64 tiles) and keys / consumers keys of S and dP. D=256: FA3's 2 x 80 (LOG b10: 64 keys held the kernel at the
 # L2's limit).
-SHAPES = {256: (2, 80)}
+SHAPES = {256: (2, 80), 192: (3, 96)}  # 192: FA3's 3 x 96 (hopper/flash_bwd_launch_template.h), 160 registers
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer count: (64K - 128 x 24) / consumer threads, rounded to 8
 WGMMA_M = 64
 PRODUCER_REGS = 24
