@@ -86,9 +86,12 @@ class BackwardLauncher:
             except LayoutError as e:
                 raise InputError(f"{op}: {e}") from None
             self.maps[op] = TensorMapCache(params, 8)
-        if self.plan.grid(shape.batch)[0] >= 2**31:
-            raise InputError(f"{self.plan.grid(shape.batch)[0]} CTAs: over the grid's limit; split the batch")
-        self.section = self.plan.section(shape.batch, _sm_count(device.index or 0))
+        sms = _sm_count(device.index or 0)
+        self.section = self.plan.section(shape.batch, sms)
+        self.tail = self.plan.tail_split(shape.batch, sms)
+        self.grid = self.plan.grid(shape.batch, self.tail)
+        if self.grid[0] >= 2**31:
+            raise InputError(f"{self.grid[0]} CTAs: over the grid's limit; split the batch")
 
     def __call__(self, q, k, v, o, lse, do):
         import torch
@@ -107,18 +110,24 @@ class BackwardLauncher:
                  if plan.spec.deterministic else None)
         work = dict(lse_log2=lse_log2.data_ptr(), delta=delta.data_ptr(), dq_accum=dq_accum.data_ptr(),
                     dq_turns=0 if turns is None else turns.data_ptr())
+        # A split tail's fp32 dK/dV sums and counts, zeroed together (int 0 and float 0.0 are the same bits).
+        tail_units, tail_pieces = self.tail
+        floats, counts = plan.tail_workspace(tail_units)
+        tail = torch.zeros(floats + counts, **f32) if tail_units else None
         pre = dict(work, **_strided("o", o, self.layout), **_strided("do", do, self.layout), lse=lse.data_ptr(),
                    batch=shape.batch)
         main = dict(work, **{f"tmap_{op}": self.maps[op].get(t.data_ptr())
                              for op, t in (("q", q), ("k", k), ("v", v), ("do", do))},
                     **_strided("dk", dk, self.layout), **_strided("dv", dv, self.layout),
                     scale_log2=float(self.scale * LOG2E), scale=float(self.scale), batch=shape.batch,
-                    section=self.section)
+                    section=self.section, tail_units=tail_units, tail_pieces=tail_pieces,
+                    dkv_tail=0 if tail is None else tail.data_ptr(),
+                    tail_count=0 if tail is None else tail.data_ptr() + 4 * floats)
         post = dict(dq_accum=dq_accum.data_ptr(), **_strided("dq", dq, self.layout), scale=float(self.scale),
                     batch=shape.batch)
         row_grid = plan.row_grid(shape.batch)
         launch_now(self.pre, row_grid, ROW_THREADS, stream, plan.pre_abi.pack(pre))
-        launch_now(self.kernel, plan.grid(shape.batch), plan.threads, stream, plan.abi.pack(main))
+        launch_now(self.kernel, self.grid, plan.threads, stream, plan.abi.pack(main))
         launch_now(self.post, row_grid, ROW_THREADS, stream, plan.post_abi.pack(post))
         return dq, dk, dv
 

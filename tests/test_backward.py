@@ -243,31 +243,66 @@ def test_banded_grids_launch_the_long_ctas_first_in_sections_that_fit_the_l2():
     assert plan_of(seq_len=8192, seq_len_k=8192).section(batch=1, sms=132) == 1  # no band: all CTAs alike
 
 
-@pytest.mark.parametrize("pairs_per_batch, batch, section", [(32, 4, 1), (32, 4, 4), (32, 4, 128), (3, 5, 4),
-                                                            (2, 3, 6)])
-def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_batch, batch, section):
-    """this_cta's map (schedule.j2), computed as the kernel does: every (key block, pair) once, a pair's key blocks
-    in ascending order (deterministic mode waits on them so), each section's key blocks slowest."""
-    n_blocks = 5
+@pytest.mark.parametrize("pairs_per_batch, batch, section, tail", [
+    (32, 4, 1, (0, 1)), (32, 4, 4, (0, 1)), (32, 4, 128, (0, 1)), (3, 5, 4, (0, 1)), (2, 3, 6, (0, 1)),
+    (32, 4, 1, (4, 3)), (3, 5, 4, (7, 2)), (2, 3, 6, (30, 5))])
+def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_batch, batch, section, tail):
+    """this_cta's map and cta_positions (schedule.j2), computed as the kernel does: every (key block, pair) once, or
+    as pieces that take each of its query-block positions once, a pair's key blocks in ascending order (deterministic
+    mode waits on them so), each section's key blocks slowest."""
+    n_blocks, positions = 5, 7  # positions: kGroup * count of every key block
     pairs = pairs_per_batch * batch
-    seen, last = set(), {}
-    for idx in range(n_blocks * pairs):
+    tail_units, tail_pieces = tail
+    whole = n_blocks * pairs - tail_units
+    seen, taken, last = set(), {}, {}
+    for cta in range(whole + tail_units * tail_pieces):
+        split = cta - whole
+        piece = 0 if split < 0 else split % tail_pieces
+        pieces = 1 if split < 0 else tail_pieces
+        idx = cta if split < 0 else whole + split // tail_pieces
         first = idx // (section * n_blocks) * section
         size = min(section, pairs - first)
         r = idx - first * n_blocks
         pair, n_block = first + r % size, r // size
         head_kv, b = pair % pairs_per_batch, pair // pairs_per_batch
-        assert (n_block, head_kv, b) not in seen and 0 <= n_block < n_blocks and b < batch
-        seen.add((n_block, head_kv, b))
-        assert last.get(pair, -1) == n_block - 1
-        last[pair] = n_block
+        unit = (n_block, head_kv, b)
+        assert 0 <= n_block < n_blocks and b < batch and (idx - whole < 0) == (split < 0)
+        if piece == 0:
+            assert unit not in seen
+            seen.add(unit)
+            assert last.get(pair, -1) == n_block - 1
+            last[pair] = n_block
+        t0, t1 = positions * piece // pieces, positions * (piece + 1) // pieces
+        taken.setdefault(unit, []).extend(range(t0, t1))
     assert len(seen) == n_blocks * pairs
+    assert all(sorted(ts) == list(range(positions)) for ts in taken.values())
     source = (ROOT / "templates" / "bwd_sm90" / "schedule.j2").read_text()
-    for line in ("const int pairs = kv_heads * p.batch, first = idx / (p.section * n_blocks) * p.section;",
+    for line in ("const int pairs = kv_heads * p.batch, whole = n_blocks * pairs - p.tail_units;",
+                 "const int split = (int)blockIdx.x - whole, piece = split < 0 ? 0 : split % p.tail_pieces;",
+                 "const int idx = split < 0 ? (int)blockIdx.x : whole + split / p.tail_pieces;",
+                 "const int first = idx / (p.section * n_blocks) * p.section;",
                  "const int size = min(p.section, pairs - first), r = idx - first * n_blocks;",
-                 "const int pair = first + r % size;", "return Cta{r / size, pair % kv_heads, pair / kv_heads};"):
+                 "const int pair = first + r % size;",
+                 "return Cta{r / size, pair % kv_heads, pair / kv_heads, piece, split < 0 ? 1 : p.tail_pieces, idx - whole};",
+                 "t0 = blocks * cta.piece / cta.pieces;", "t1 = blocks * (cta.piece + 1) / cta.pieces;"):
         assert line in source, "the test's copy of this_cta no longer matches the template's"
 
+
+def test_a_few_ctas_past_whole_waves_run_as_pieces_of_their_query_blocks():
+    # (4,4096,32,128): 4096 CTAs = 31 waves of 132 and 4; the 4 run as 32 pieces of 2 of their 64 query blocks.
+    full = plan_of(seq_len=4096, seq_len_k=4096, heads=32, kv_heads=32)
+    assert full.tail_split(batch=4, sms=132) == (4, 32) and full.grid(4, (4, 32)) == (4096 - 4 + 4 * 32, 1, 1)
+    assert full.tail_workspace(4) == (4 * 2 * 128 * 128, 4 * 8)
+    # D=64, 8 query blocks of 128: pieces of at least TAIL_MIN_BLOCKS_PER_PIECE.
+    assert plan_of(seq_len=1024, seq_len_k=1024, heads=32, kv_heads=32, head_dim=64).tail_split(16, 132) == (4, 4)
+    # Nothing to split: whole waves, a last wave too full for pieces, one wave or less.
+    assert full.tail_split(batch=33, sms=132) == (0, 1)  # 33 x 1024 = 256 waves exactly
+    assert plan_of(seq_len=16384, seq_len_k=16384, heads=16, kv_heads=16).tail_split(1, 132) == (0, 1)  # 68 left
+    assert full.tail_split(batch=1, sms=2048) == (0, 1)
+    # Under a band the CTAs differ (the sections order them); deterministic sums stay in key-block order.
+    for kw in (dict(causal=True), dict(window=(256, 0)), dict(deterministic=True)):
+        plan = plan_of(seq_len=4096, seq_len_k=4096, heads=32, kv_heads=32, **kw)
+        assert plan.tail_split(batch=4, sms=132) == (0, 1), kw
 
 
 def test_cli_emits_the_backward_kernels(tmp_path, capsys):

@@ -193,6 +193,7 @@ def context(plan: Plan) -> dict:
         "family_barriers": bwd_abi.BARRIER_NAMES,
         "producer_regs": PRODUCER_REGS,
         "consumer_regs": CONSUMER_REGS,
+        "tail_counters": plan.tail_counters,
     }
 
 

@@ -41,6 +41,16 @@ MAIN_PARAMS = (
     Param("section", "int", Pack.I32, "(K/V head, sequence) pairs per section of the launch order: the CTAs walk the "
           "key blocks slowest within a section (a banded mask's long CTAs first), the sections one after another "
           "(sharing their Q and dO in L2); 1: a pair's CTAs together", "section"),
+    Param("tail_units", "int", Pack.I32, "the last CTAs of the launch order split into pieces over their query "
+          "blocks (Plan.tail_split: the last wave's few CTAs would run alone); 0: none", "tail_units"),
+    Param("tail_pieces", "int", Pack.I32, "CTAs per split unit, each a contiguous run of its query blocks",
+          "tail_pieces"),
+    Param("dkv_tail", "float* __restrict__", Pack.POINTER,
+          "float (tail units, 2, block keys, D), zeroed: a split unit's dK (unscaled) and dV summed over its pieces; "
+          "null without a split", "dkv_tail"),
+    Param("tail_count", "int* __restrict__", Pack.POINTER,
+          "int (tail units, consumer warps), zeroed: the pieces that have added a warp's rows of dK and dV (the last "
+          "one stores them); null without a split", "tail_count"),
 )
 
 POST_PARAMS = (
@@ -64,8 +74,9 @@ class KeyBlockGrid:
     kv_heads: int
     n_blocks: int
 
-    def dims(self, *, batch: int) -> tuple[int, int, int]:
-        return (self.n_blocks * self.kv_heads * batch, 1, 1)
+    def dims(self, *, batch: int, tail_units: int = 0, tail_pieces: int = 1) -> tuple[int, int, int]:
+        """The grid, where the last `tail_units` CTAs of the order are `tail_pieces` CTAs each (Plan.tail_split)."""
+        return (self.n_blocks * self.kv_heads * batch + tail_units * (tail_pieces - 1), 1, 1)
 
     def c_launch(self) -> tuple[str, str]:
         return "", f"dim3({self.n_blocks * self.kv_heads} * batch)"

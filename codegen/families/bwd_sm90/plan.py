@@ -68,6 +68,11 @@ STAGES = 2
 # bench/wip/bwd_dispatch_model.py, has (4,4096,32,128) causal at 0.967 of its bound a pair at a time and 0.999 in
 # sections of 4).
 LONGEST_FIRST_MAX_WAVES = 4
+# Without a band every CTA does the same work, so a grid of W waves plus r CTAs (r small) ends with r CTAs running
+# alone for a whole CTA's time: (4,4096,32,128) is 31 waves and 4 CTAs, 3% of its time on 4 of 132 SMs. Those r
+# CTAs are split into pieces over their query blocks, each piece's dK and dV added in fp32 and stored by the last
+# piece (Plan.tail_split); a piece keeps at least this many query blocks, as its K/V load and fp32 adds cost about one.
+TAIL_MIN_BLOCKS_PER_PIECE = 2
 L2_BYTES = 50 * 1024 * 1024   # H100 and H200
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
@@ -328,8 +333,33 @@ class BackwardPlan:
         return row_abi(POST_PARAMS, heads=self.spec.heads, padded_rows=self.padded_rows,
                        rows_per_block=self.rows_per_row_block)
 
-    def grid(self, batch: int) -> tuple[int, int, int]:
-        return self.abi.grid.dims(batch=batch)
+    def grid(self, batch: int, tail: tuple[int, int] = (0, 1)) -> tuple[int, int, int]:
+        """The main kernel's grid, with `tail` = tail_split(...)'s (units, pieces) where the tail is split."""
+        return self.abi.grid.dims(batch=batch, tail_units=tail[0], tail_pieces=tail[1])
+
+    splits_tail = False  # whether the kernel can run a CTA's query blocks as pieces (tail_split)
+
+    def tail_split(self, batch: int, sms: int) -> tuple[int, int]:
+        """(units, pieces): the last `units` CTAs of the launch order run as `pieces` CTAs each, splitting their
+        query blocks (TAIL_MIN_BLOCKS_PER_PIECE says why); (0, 1) where nothing is split: under a band (the CTAs
+        differ and the sections order them), in deterministic mode (the pieces' fp32 sums are in any order), or
+        where the last wave is full enough that pieces would not fit beside it."""
+        if not self.splits_tail:
+            return 0, 1
+        units = self.grid(batch)[0]
+        tail = units % sms if units > sms else 0
+        blocks = self.spec.group * self.m_blocks
+        pieces = min(sms // tail, blocks // TAIL_MIN_BLOCKS_PER_PIECE) if tail else 1
+        return (tail, pieces) if pieces >= 2 else (0, 1)
+
+    @property
+    def tail_counters(self) -> int:
+        """Counters of a split unit in tail_count: one per consumer warp (each owns its rows of dK and dV)."""
+        return CONSUMERS * WARPS_PER_WARPGROUP
+
+    def tail_workspace(self, units: int) -> tuple[int, int]:
+        """(floats, ints) of dkv_tail and tail_count for `units` split units."""
+        return units * 2 * self.block_n * self.spec.head_dim, units * self.tail_counters
 
     def sibling_kernels(self) -> tuple[SiblingKernel, ...]:
         """The row kernels before and after the main one (launched in this order: _pre, main, _post)."""
@@ -408,6 +438,11 @@ class BackwardPlan:
 @dataclass(frozen=True)
 class Plan(BackwardPlan):
     """bwd_sm90: the swapped products (M = keys), dK and dV in registers beside S^T, dQ split or by atomics."""
+
+    @property
+    def splits_tail(self) -> bool:
+        s = self.spec
+        return not (s.causal or s.window != (-1, -1) or s.deterministic)
 
     @cached_property
     def ds(self) -> layouts.OperandDerivation:
