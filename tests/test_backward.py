@@ -250,7 +250,7 @@ def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_ba
     """this_cta's map and cta_positions (schedule.j2), computed as the kernel does: every (key block, pair) once, or
     as pieces that take each of its query-block positions once, a pair's key blocks in ascending order (deterministic
     mode waits on them so), each section's key blocks slowest."""
-    n_blocks, positions = 5, 7  # positions: kGroup * count of every key block
+    n_blocks, positions = 5, 7  # the query blocks every key block sees
     pairs = pairs_per_batch * batch
     tail_units, tail_pieces = tail
     whole = n_blocks * pairs - tail_units
@@ -272,19 +272,19 @@ def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_ba
             seen.add(unit)
             assert last.get(pair, -1) == n_block - 1
             last[pair] = n_block
-        t0, t1 = positions * piece // pieces, positions * (piece + 1) // pieces
+        t0, t1 = positions * piece // pieces, positions * (piece + 1) // pieces  # piece_blocks' lo, hi
         taken.setdefault(unit, []).extend(range(t0, t1))
     assert len(seen) == n_blocks * pairs
     assert all(sorted(ts) == list(range(positions)) for ts in taken.values())
     source = (ROOT / "templates" / "bwd_sm90" / "schedule.j2").read_text()
     for line in ("const int pairs = kv_heads * p.batch, whole = n_blocks * pairs - p.tail_units;",
-                 "const int split = (int)blockIdx.x - whole, piece = split < 0 ? 0 : split % p.tail_pieces;",
-                 "const int idx = split < 0 ? (int)blockIdx.x : whole + split / p.tail_pieces;",
+                 "const int split = kSplitsTail ? cta_index - whole : -1, piece = split < 0 ? 0 : split % p.tail_pieces;",
+                 "const int idx = split < 0 ? cta_index : whole + split / p.tail_pieces;",
                  "const int first = idx / (p.section * n_blocks) * p.section;",
                  "const int size = min(p.section, pairs - first), r = idx - first * n_blocks;",
                  "const int pair = first + r % size;",
-                 "return Cta{r / size, pair % kv_heads, pair / kv_heads, piece, split < 0 ? 1 : p.tail_pieces, idx - whole};",
-                 "t0 = blocks * cta.piece / cta.pieces;", "t1 = blocks * (cta.piece + 1) / cta.pieces;"):
+                 "return Cta{r / size, pair % kv_heads, pair / kv_heads, piece, split < 0 ? 1 : p.tail_pieces, idx - whole, 0, 0};",
+                 "const int lo = count * cta.piece / cta.pieces, hi = count * (cta.piece + 1) / cta.pieces;"):
         assert line in source, "the test's copy of this_cta no longer matches the template's"
 
 
@@ -293,15 +293,17 @@ def test_a_few_ctas_past_whole_waves_run_as_pieces_of_their_query_blocks():
     full = plan_of(seq_len=4096, seq_len_k=4096, heads=32, kv_heads=32)
     assert full.tail_split(batch=4, sms=132) == (4, 32) and full.grid(4, (4, 32)) == (4096 - 4 + 4 * 32, 1, 1)
     assert full.tail_workspace(4) == (4 * 2 * 128 * 128, 4 * 8)
-    # D=64, 8 query blocks of 128: pieces of at least TAIL_MIN_BLOCKS_PER_PIECE.
-    assert plan_of(seq_len=1024, seq_len_k=1024, heads=32, kv_heads=32, head_dim=64).tail_split(16, 132) == (4, 4)
+    # D=96: 1000 queries are 16 blocks of 64, so pieces of at least TAIL_MIN_BLOCKS_PER_PIECE are 8 at most.
+    assert plan_of(seq_len=1000, seq_len_k=1000, heads=17, kv_heads=17, head_dim=96).tail_split(1, 132) == (4, 8)
+    # D=64 keeps whole units (TAIL_SPLIT_MIN_HEAD_DIM).
+    assert plan_of(seq_len=1024, seq_len_k=1024, heads=32, kv_heads=32, head_dim=64).tail_split(16, 132) == (0, 1)
     # Nothing to split: whole waves, a last wave too full for pieces, one wave or less.
     assert full.tail_split(batch=33, sms=132) == (0, 1)  # 33 x 1024 = 256 waves exactly
     assert plan_of(seq_len=16384, seq_len_k=16384, heads=16, kv_heads=16).tail_split(1, 132) == (0, 1)  # 68 left
     assert full.tail_split(batch=1, sms=2048) == (0, 1)
     # Under a band the CTAs differ (the sections order them); deterministic sums stay in key-block order.
-    for kw in (dict(causal=True), dict(window=(256, 0)), dict(deterministic=True)):
-        plan = plan_of(seq_len=4096, seq_len_k=4096, heads=32, kv_heads=32, **kw)
+    for kw in (dict(causal=True), dict(window=(256, 0)), dict(deterministic=True), dict(kv_heads=8)):
+        plan = plan_of(seq_len=4096, seq_len_k=4096, heads=32, **{"kv_heads": 32, **kw})
         assert plan.tail_split(batch=4, sms=132) == (0, 1), kw
 
 

@@ -111,6 +111,8 @@ def common_context(plan, verbs: tuple[str, ...] = ("load",)) -> dict:
         "stages": s.stages,
         "padded_rows": plan.padded_rows,
         "n_blocks": plan.n_blocks,
+        "splits_tail": plan.splits_tail,
+        "tail_counters": plan.tail_counters,
         "window_left": left,
         "window_right": right,
         "softcap_c": f"{float(s.softcap)!r}f",
@@ -193,7 +195,6 @@ def context(plan: Plan) -> dict:
         "family_barriers": bwd_abi.BARRIER_NAMES,
         "producer_regs": PRODUCER_REGS,
         "consumer_regs": CONSUMER_REGS,
-        "tail_counters": plan.tail_counters,
     }
 
 

@@ -73,6 +73,9 @@ LONGEST_FIRST_MAX_WAVES = 4
 # CTAs are split into pieces over their query blocks, each piece's dK and dV added in fp32 and stored by the last
 # piece (Plan.tail_split); a piece keeps at least this many query blocks, as its K/V load and fp32 adds cost about one.
 TAIL_MIN_BLOCKS_PER_PIECE = 2
+# Not at D=64: with 128-query blocks the split kernel spilled (S 1000, 4 bytes) and (16,1024,32,64) measured no gain
+# (main kernel 0.802 -> 0.808 ms, b14).
+TAIL_SPLIT_MIN_HEAD_DIM = 96
 L2_BYTES = 50 * 1024 * 1024   # H100 and H200
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
@@ -342,14 +345,14 @@ class BackwardPlan:
     def tail_split(self, batch: int, sms: int) -> tuple[int, int]:
         """(units, pieces): the last `units` CTAs of the launch order run as `pieces` CTAs each, splitting their
         query blocks (TAIL_MIN_BLOCKS_PER_PIECE says why); (0, 1) where nothing is split: under a band (the CTAs
-        differ and the sections order them), in deterministic mode (the pieces' fp32 sums are in any order), or
-        where the last wave is full enough that pieces would not fit beside it."""
+        differ and the sections order them), in deterministic mode (the pieces' fp32 sums are in any order), under
+        grouped-query heads (a piece is a run of one head's query blocks: the loops stay as they are, b14), or where
+        the last wave is full enough that pieces would not fit beside it."""
         if not self.splits_tail:
             return 0, 1
         units = self.grid(batch)[0]
         tail = units % sms if units > sms else 0
-        blocks = self.spec.group * self.m_blocks
-        pieces = min(sms // tail, blocks // TAIL_MIN_BLOCKS_PER_PIECE) if tail else 1
+        pieces = min(sms // tail, self.m_blocks // TAIL_MIN_BLOCKS_PER_PIECE) if tail else 1
         return (tail, pieces) if pieces >= 2 else (0, 1)
 
     @property
@@ -442,7 +445,8 @@ class Plan(BackwardPlan):
     @property
     def splits_tail(self) -> bool:
         s = self.spec
-        return not (s.causal or s.window != (-1, -1) or s.deterministic)
+        return (s.group == 1 and s.head_dim >= TAIL_SPLIT_MIN_HEAD_DIM
+                and not (s.causal or s.window != (-1, -1) or s.deterministic))
 
     @cached_property
     def ds(self) -> layouts.OperandDerivation:
