@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.report import ROOT, git_commit, working_tree  # noqa: E402
+from bench.report import COMMIT_ENV, ROOT, git_commit, working_tree  # noqa: E402
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
@@ -127,6 +127,10 @@ def main() -> int:
     parser.add_argument("--ncu", action="append", default=[], metavar="B,S,H,D:DTYPE",
                         help="profile the default kernel of this shape with ncu (clocks left alone); repeatable")
     args = parser.parse_args()
+    declared = os.environ.get(COMMIT_ENV)
+    if declared is not None and not re.fullmatch(r"[0-9a-f]{40}:[0-9a-f]{40}", declared):
+        # bench.report.git_commit ignores anything else and the results would name the copy's stale .git.
+        parser.error(f"{COMMIT_ENV}={declared!r}: expected `git log -1 --format=%H:%T` (two full 40-digit hashes)")
     final = pathlib.Path(os.environ.get("OUT", ROOT / "gpu-check-out"))
     final.mkdir(parents=True, exist_ok=True)
     out = pathlib.Path(tempfile.mkdtemp(prefix="gpu-check-"))  # logs gather here, then go into logs.tgz
