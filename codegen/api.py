@@ -19,8 +19,8 @@ LAYOUTS = ("bshd", "bhsd")
 MAX_GRID_YZ = 65535
 
 
-NO_BACKWARD = ("flashgen has no backward pass for this call yet (variable-length batches, decode): call under "
-               "torch.no_grad() or detach the inputs")
+NO_BACKWARD = ("flashgen has no backward pass for this call yet (decode, prepare()): attention() is differentiable; "
+               "else call under torch.no_grad() or detach the inputs")
 
 
 class InputError(ValueError):
@@ -67,7 +67,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
 
-    Autograd: where grad mode is on and q, k or v requires grad (fixed lengths, D 64/96/128 on sm_90a so far), o
+    Autograd: where grad mode is on and q, k or v requires grad (sm_90a; variable-length batches at D 64/96/128), o
     is differentiable and its `.backward()` runs flashgen's backward kernels (codegen.backward); lse is not.
     `deterministic=True` gives bit-identical gradients run to run (dQ's key blocks add in a fixed order; D 64 and 128).
     """
@@ -77,13 +77,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
                                     softcap=softcap, pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=max_seqlen_k, tuning=tuning, deterministic=deterministic)
-    elif (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
-          and _needs_grad(q, k, v)):
+    elif _needs_grad(q, k, v):
         from .backward import differentiable_attention
 
+        fixed = cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
         o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                           softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning,
-                                          deterministic=deterministic)
+                                          deterministic=deterministic,
+                                          varlen=None if fixed else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                     max_seqlen_k))
     elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
         o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks)
     else:  # varlen: the offsets are copied to the host and checked on every call

@@ -7,7 +7,7 @@
       --run also runs it on the GPU against a float64 reference (needs torch with CUDA); --export DIR writes a
       bundle with a C launcher for builds without Python.
   flashgen --shape S,H,D --backward [--causal] [--kv-heads N] [--seq-k N] [--window L,R] [--softcap X]
-      [--deterministic]   the backward kernels (pre, main, post) of that forward, emitted and compiled
+      [--deterministic] [--varlen]   the backward kernels (pre, main, post) of that forward, emitted and compiled
   flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P [--gather/--no-gather]] [--ctas-per-sm N]
       [--run [--batch B]] [--export DIR]
       the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
@@ -225,7 +225,7 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
     from .families.bwd_sm90 import BackwardSpec, resolve
     from .spec import SpecError
 
-    for flag, given in (("--split", args.split), ("--block-n", args.block_n), ("--varlen", args.varlen),
+    for flag, given in (("--split", args.split), ("--block-n", args.block_n),
                         ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather),
                         ("--ctas-per-sm", args.ctas_per_sm != 1)):
         if given:
@@ -235,7 +235,7 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
     return resolve(BackwardSpec(seq_len=seq, seq_len_k=args.seq_k or seq, heads=heads, kv_heads=args.kv_heads or heads,
                                 head_dim=dim, dtype=args.dtype, causal=args.causal, window=window,
                                 softcap=args.softcap, stages=args.stages or 2, deterministic=args.deterministic,
-                                arch=args.arch))
+                                varlen=args.varlen, arch=args.arch))
 
 
 def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):

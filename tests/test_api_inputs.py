@@ -86,8 +86,12 @@ def test_expanded_tensor():
 def test_inputs_that_need_gradients():
     q, k, v = qkv()
     cu = torch.tensor([0, 128], dtype=torch.int32)
-    with pytest.raises(InputError, match="no backward pass"):  # varlen: no backward yet
-        attention(q[0].requires_grad_(), k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu)
+    packed = torch.randn(128, 2, 192, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(InputError, match="backward of variable-length batches is written for head dims \\(64, 96, 128\\)"):
+        attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu)  # refused before the forward runs
+    packed = torch.randn(128, 2, 128, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(InputError, match="soft cap and a band bounded on both sides"):
+        attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, window=(64, -1), softcap=5.0)
     wide = torch.randn(1, 128, 2, 192, dtype=torch.float16, requires_grad=True)
     with pytest.raises(InputError, match="backward: deterministic=True needs dQ"):  # refused before the forward runs
         attention(wide, wide, wide, deterministic=True)

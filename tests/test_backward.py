@@ -283,7 +283,8 @@ def test_the_launch_order_visits_each_cta_once_key_blocks_ascending(pairs_per_ba
                  "const int first = idx / (p.section * n_blocks) * p.section;",
                  "const int size = min(p.section, pairs - first), r = idx - first * n_blocks;",
                  "const int pair = first + r % size;",
-                 "return Cta{r / size, pair % kv_heads, pair / kv_heads, piece, split < 0 ? 1 : p.tail_pieces, idx - whole, 0, 0};",
+                 "const int batch = pair / kv_heads;", "Cta cta{r / size, pair % kv_heads, batch, kFixedLengths, 0, 0, batch,",
+                 "piece, split < 0 ? 1 : p.tail_pieces, idx - whole, 0, 0};",
                  "const int lo = count * cta.piece / cta.pieces, hi = count * (cta.piece + 1) / cta.pieces;"):
         assert line in source, "the test's copy of this_cta no longer matches the template's"
 
@@ -407,3 +408,28 @@ def test_dq_is_staged_under_the_next_st_where_it_compiles_cleanly(kw, under):
     source = render(plan).source
     assert f"constexpr bool kStageUnderSt = {'true' if under else 'false'};" in source
     assert "const float f = cfg::kStageUnderSt ? 1.f : scale;" in source
+
+
+def test_variable_length_batches_have_their_own_kernels():
+    spec = resolve(BackwardSpec(seq_len=1024, seq_len_k=2048, heads=8, kv_heads=2, head_dim=96, causal=True, varlen=True))
+    assert spec.name.endswith("_varlen") and "--varlen" in context(Plan(spec))["regenerate"]
+    plan = Plan(spec)
+    assert not plan.splits_tail and plan.tail_split(batch=33, sms=132) == (0, 1)  # CTAs of unequal sequences
+    assert build(spec, use_cache=False).compiled.spill_stores[spec.name] == 0
+    # Written for bwd_sm90's head dims; the wide family takes fixed lengths only.
+    with pytest.raises(SpecError, match="variable-length batches is written for head dims \\(64, 96, 128\\)"):
+        BackwardSpec(seq_len=1024, seq_len_k=1024, heads=8, kv_heads=8, head_dim=256, varlen=True)
+    # A soft cap under a band bounded on both sides spilled at D=128 (VARLEN_BANDED_SOFTCAP_MAX_HEAD_DIM).
+    for kw in (dict(causal=True, window=(96, -1)), dict(window=(96, 96))):
+        with pytest.raises(SpecError, match="soft cap and a band bounded on both sides"):
+            BackwardSpec(seq_len=1024, seq_len_k=1024, heads=8, kv_heads=8, head_dim=128, softcap=20.0, varlen=True, **kw)
+        BackwardSpec(seq_len=1024, seq_len_k=1024, heads=8, kv_heads=8, head_dim=96, softcap=20.0, varlen=True, **kw)
+    BackwardSpec(seq_len=1024, seq_len_k=1024, heads=8, kv_heads=8, head_dim=128, softcap=20.0, varlen=True,
+                 window=(96, -1))  # one-sided: compiles without spills
+
+
+def test_cli_emits_the_varlen_backward(tmp_path):
+    assert gen.main(["--shape", "2048,8,128", "--kv-heads", "2", "--causal", "--backward", "--varlen",
+                     "--out", str(tmp_path)]) == 0
+    (source,) = tmp_path.glob("*_varlen.cu")
+    assert "constexpr bool kVarlen = true;" in source.read_text()

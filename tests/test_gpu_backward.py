@@ -32,12 +32,6 @@ ZERO_ATOL = 1e-4
 RUNS = 10  # deterministic=True: the same bits this many times
 
 
-# Refused with an InputError before any launch until they are written (issue 21): the test runs and must see the
-# refusal (strict: once it works, the marker must go).
-NOT_YET_VARLEN = pytest.mark.xfail(raises=InputError, strict=True,
-                                   reason="the backward of variable-length batches is not written yet")
-
-
 def attention_backward(*args, **kwargs):
     """codegen.backward.attention_backward, imported at the call so that this file collects before it exists."""
     from codegen.backward import attention_backward as backward
@@ -296,22 +290,37 @@ def run_varlen(q_lens, k_lens, heads, kv_heads, head_dim, dtype="bf16", determin
     return (q, k, v, do, cu_q, cu_k), grads
 
 
-@NOT_YET_VARLEN
 @pytest.mark.parametrize("head_dim, dtype", [(64, "f16"), (128, "bf16")])
 @pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
 def test_varlen(head_dim, dtype, causal):
     run_varlen(RAGGED, RAGGED, 8, 8, head_dim, dtype, causal=causal)
 
 
-@NOT_YET_VARLEN
 def test_varlen_separate_key_lengths_and_gqa():
     # Keys longer and shorter than queries (bottom-right per sequence), a sequence without keys, one without queries.
     run_varlen([100, 700, 128, 5, 0, 260], [300, 200, 128, 0, 7, 1000], 16, 4, 128, causal=True)
 
 
-@NOT_YET_VARLEN
-def test_varlen_window_and_softcap():
-    run_varlen(RAGGED, RAGGED, 4, 2, 128, causal=True, window=(96, -1), softcap=20.0)
+# A band bounded on both sides at D=64 (at D=128 the varlen backward refuses it with a soft cap, registers; at D=96
+# the varlen forward of it spills), one bound at D=128.
+@pytest.mark.parametrize("head_dim, options", [(64, {"causal": True, "window": (96, -1)}), (128, {"window": (96, -1)})],
+                         ids=("D64-causal-left", "D128-left"))
+def test_varlen_window_and_softcap(head_dim, options):
+    run_varlen(RAGGED, RAGGED, 4, 2, head_dim, softcap=20.0, **options)
+
+
+def test_varlen_attention_backward_matches_autograd():
+    # Deterministic: the two ways in give the same bits (total_q 493).
+    (q, k, v, do, cu_q, cu_k), grads = run_varlen([300, 0, 129, 64], [300, 5, 700, 64], 8, 4, 64, "f16", causal=True,
+                                                  deterministic=True)
+    with torch.no_grad():
+        o, lse = attention(q, k, v, causal=True, return_lse=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    direct = attention_backward(q, k, v, o, lse, do, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                deterministic=True)
+    for name, a, b in zip(("dq", "dk", "dv"), direct, grads):
+        assert torch.equal(bits(a), bits(b)), f"{name}: attention_backward and autograd differ"
+    with pytest.raises(InputError, match="lse must be the forward's float32 logsumexp of shape \\(8, 493\\)"):
+        attention_backward(q, k, v, o, lse.transpose(0, 1), do, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
 # --- deterministic=True: the same bits every run ----------------------------------------------------------------
@@ -348,7 +357,6 @@ def test_deterministic_attention_backward_gives_the_same_bits():
             assert torch.equal(bits(g), bits(f)), f"run {run}: {name} differs from run 0"
 
 
-@NOT_YET_VARLEN
 def test_deterministic_varlen_gives_the_same_bits():
     (q, k, v, do, cu_q, cu_k), first = run_varlen(RAGGED, RAGGED, 8, 2, 128, causal=True, deterministic=True)
     for run in range(1, RUNS):

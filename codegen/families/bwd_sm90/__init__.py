@@ -45,6 +45,8 @@ def regenerate_command(spec: BackwardSpec) -> str:
         args += ["--softcap", repr(float(s.softcap))]
     if s.deterministic:
         args.append("--deterministic")
+    if s.varlen:
+        args.append("--varlen")
     return " ".join(args)
 
 
@@ -112,6 +114,7 @@ def common_context(plan, verbs: tuple[str, ...] = ("load",)) -> dict:
         "padded_rows": plan.padded_rows,
         "n_blocks": plan.n_blocks,
         "splits_tail": plan.splits_tail,
+        "varlen": s.varlen,
         "tail_counters": plan.tail_counters,
         "window_left": left,
         "window_right": right,

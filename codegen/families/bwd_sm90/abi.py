@@ -19,13 +19,18 @@ _DQ_TURNS = Param("dq_turns", "int* __restrict__", Pack.POINTER,
                   "int (B, H, query blocks), zeroed by _pre: deterministic mode, the key blocks that have added into "
                   "each query block's dQ rows (each adds in its turn); null otherwise", "dq_turns")
 _BATCH = Param("batch", "int", Pack.I32, "sequences in the batch", "batch")
+_CU_Q = Param("cu_seqlens_q", "const int* __restrict__", Pack.POINTER,
+              "int (B + 1), varlen: sequence b's queries are packed rows [cu[b], cu[b + 1]); null for fixed lengths",
+              "cu_seqlens_q")
+_CU_K = Param("cu_seqlens_k", "const int* __restrict__", Pack.POINTER,
+              "int (B + 1), varlen: the same for keys and values; null for fixed lengths", "cu_seqlens_k")
 
 PRE_PARAMS = (
     *strided_tensor("o", "the forward's o", "(B, S_q, H, D)"),
     *strided_tensor("do", "dO, the gradient of o", "(B, S_q, H, D)"),
     Param("lse", "const float* __restrict__", Pack.POINTER, "float (B, H, S_q) contiguous: the forward's natural-log "
           "logsumexp", "lse"),
-    _LSE_LOG2, _DELTA, _DQ_ACCUM, _DQ_TURNS, _BATCH,
+    _LSE_LOG2, _DELTA, _DQ_ACCUM, _DQ_TURNS, _BATCH, _CU_Q,
 )
 
 MAIN_PARAMS = (
@@ -37,7 +42,7 @@ MAIN_PARAMS = (
     *strided_tensor("dv", "dv", "(B, S_k, H_kv, D)"),
     Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)", "scale_log2"),
     Param("scale", "float", Pack.F32, "the softmax scale (dK's factor)", "scale"),
-    _BATCH,
+    _BATCH, _CU_Q, _CU_K,
     Param("section", "int", Pack.I32, "(K/V head, sequence) pairs per section of the launch order: the CTAs walk the "
           "key blocks slowest within a section (a banded mask's long CTAs first), the sections one after another "
           "(sharing their Q and dO in L2); 1: a pair's CTAs together", "section"),
@@ -58,7 +63,7 @@ POST_PARAMS = (
     *strided_tensor("dq", "dq", "(B, S_q, H, D)"),
     Param("scale", "float", Pack.F32, "the softmax scale: dQ's factor, where the main kernel has not applied it",
           "scale"),
-    _BATCH,
+    _BATCH, _CU_Q,
 )
 
 # Every mbarrier the main kernel has.

@@ -76,6 +76,9 @@ TAIL_MIN_BLOCKS_PER_PIECE = 2
 # Not at D=64: with 128-query blocks the split kernel spilled (S 1000, 4 bytes) and (16,1024,32,64) measured no gain
 # (main kernel 0.802 -> 0.808 ms, b14).
 TAIL_SPLIT_MIN_HEAD_DIM = 96
+# A varlen kernel keeps its sequence's lengths in registers for the mask; with a soft cap and a band bounded on both
+# sides (a left window and causal, or both bounds) that spilled at D=128 (20 bytes), so those are refused above D=96.
+VARLEN_BANDED_SOFTCAP_MAX_HEAD_DIM = 96
 L2_BYTES = 50 * 1024 * 1024   # H100 and H200
 MAX_GRID_DIM = 65535          # gridDim.y and .z
 PRE_SUFFIX, POST_SUFFIX = "_pre", "_post"  # the row kernels' names: the main kernel's and these
@@ -101,6 +104,9 @@ class BackwardSpec:
     block_m: int = 0  # queries per ring slot; 0: BLOCK_M_BY_HEAD_DIM (resolve fills it in)
     # dQ's key blocks add in a fixed order (each waits for its turn), so gradients are bit-identical run to run.
     deterministic: bool = False
+    # A varlen batch: seq_len and seq_len_k are the longest sequences' (rounded up by the caller), each sequence's
+    # own lengths are read from cu_seqlens at run time.
+    varlen: bool = False
     arch: str = "sm_90a"
 
     @property
@@ -126,6 +132,14 @@ class BackwardSpec:
         need(len(self.window) == 2 and all(isinstance(w, int) and w >= -1 for w in self.window),
              f"window must be (left, right), each >= 0 or -1 for unbounded; got {self.window!r}")
         need(self.softcap >= 0, f"softcap must be >= 0 (0: off), got {self.softcap!r}")
+        need(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
+        two_sided = self.window[0] >= 0 and (self.causal or self.window[1] >= 0)
+        need(not (self.varlen and self.softcap and two_sided and self.head_dim > VARLEN_BANDED_SOFTCAP_MAX_HEAD_DIM),
+             f"head_dim {self.head_dim}: the backward of a variable-length batch with a soft cap and a band bounded on "
+             f"both sides is written for head dims up to {VARLEN_BANDED_SOFTCAP_MAX_HEAD_DIM} so far (registers)")
+        need(not (self.varlen and self.family != "bwd_sm90"),
+             f"head_dim {self.head_dim}: the backward of variable-length batches is written for head dims "
+             f"{tuple(d for d in HEAD_DIMS if d not in WIDE_BLOCK_M_BY_HEAD_DIM)} so far")
         need(isinstance(self.stages, int) and 2 <= self.stages <= 4, f"stages must be 2..4, got {self.stages!r}")
         need(self.block_m in (0, KEYS_PER_CONSUMER, 2 * KEYS_PER_CONSUMER),
              f"block_m must be {KEYS_PER_CONSUMER} or {2 * KEYS_PER_CONSUMER} (0: by head dim), got {self.block_m!r}")
@@ -155,6 +169,8 @@ class BackwardSpec:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
         if self.deterministic:
             extras += "_det"
+        if self.varlen:
+            extras += "_varlen"
         rows = f"_m{self.block_m}" if self.block_m else ""
         return (f"flashgen_bwd_{self.arch}_s{self.seq_len}_sk{self.seq_len_k}_h{self.heads}_kvh{self.kv_heads}"
                 f"_d{self.head_dim}{rows}_{self.dtype}_{'causal' if self.causal else 'full'}_st{self.stages}{extras}")
@@ -446,7 +462,7 @@ class Plan(BackwardPlan):
     def splits_tail(self) -> bool:
         s = self.spec
         return (s.group == 1 and s.head_dim >= TAIL_SPLIT_MIN_HEAD_DIM
-                and not (s.causal or s.window != (-1, -1) or s.deterministic))
+                and not (s.causal or s.window != (-1, -1) or s.deterministic or s.varlen))
 
     @cached_property
     def ds(self) -> layouts.OperandDerivation:
