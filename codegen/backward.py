@@ -275,19 +275,16 @@ def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap,
     `varlen`: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch, else None."""
     if varlen is None:
         _check_inputs(q.detach(), k.detach(), v.detach(), layout)
-        check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,
-                             deterministic=deterministic)
     else:
         shape = api._check_varlen_inputs(q.detach(), k.detach(), v.detach(), layout, *varlen)
-        if sinks is not None and getattr(sinks, "requires_grad", False):
-            raise InputError("the gradient of sinks is not computed yet: pass sinks.detach() (q, k and v still get "
-                             "theirs)")
-        import torch
-
+    # Fixed lengths: every refusal of the spec; varlen (3-D tensors): the sinks' only, the spec's below.
+    check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,
+                         deterministic=deterministic)
+    if varlen is not None:
         refusal = backward_refusal(shape.spec_seq_q, shape.spec_seq_k, shape.heads, shape.kv_heads, shape.dim,
                                    str(q.dtype), bool(causal), None if window is None else tuple(window),
                                    float(softcap), bool(deterministic), q.device.type, q.device.index or 0,
-                                   varlen=True) if isinstance(q, torch.Tensor) else ""
+                                   varlen=True)
         if refusal:
             raise InputError(refusal)
     options = dict(causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split,
