@@ -15,7 +15,8 @@ from ..fwd_sm90 import describe_descriptors
 from ..fwd_sm90.abi import LOG2E
 from . import abi as bwd_abi
 from .plan import (BLOCK_N, CONSUMER_REGS, KEYS_PER_CONSUMER, POST_SUFFIX, PRE_SUFFIX, PRODUCER_REGS,
-                   ROW_THREADS, ROW_WARPS, BackwardSpec, Plan, make_plan, resolve)
+                   ROW_THREADS, ROW_WARPS, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, BackwardSpec, Plan,
+                   make_plan, resolve)
 
 __all__ = ["BackwardSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -116,6 +117,8 @@ def common_context(plan, verbs: tuple[str, ...] = ("load",)) -> dict:
         "splits_tail": plan.splits_tail,
         "varlen": s.varlen,
         "tail_counters": plan.tail_counters,
+        "warpgroup_threads": THREADS_PER_WARPGROUP,
+        "warpgroup_warps": WARPS_PER_WARPGROUP,
         "window_left": left,
         "window_right": right,
         "softcap_c": f"{float(s.softcap)!r}f",
