@@ -361,8 +361,8 @@ class BackwardPlan:
     def tail_split(self, batch: int, sms: int) -> tuple[int, int]:
         """(units, pieces): the last `units` CTAs of the launch order run as `pieces` CTAs each, splitting their
         query blocks (TAIL_MIN_BLOCKS_PER_PIECE says why); (0, 1) where nothing is split: under a band (the CTAs
-        differ and the sections order them), in deterministic mode (the pieces' fp32 sums are in any order), under
-        grouped-query heads (a piece is a run of one head's query blocks: the loops stay as they are, b14), or where
+        differ and the sections order them), in a varlen batch (its sequences differ too), in deterministic mode
+        (the pieces' fp32 sums are in any order), under grouped-query heads (a piece is a run of one head's query blocks: the loops stay as they are, b14), or where
         the last wave is full enough that pieces would not fit beside it."""
         if not self.splits_tail:
             return 0, 1
