@@ -72,6 +72,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     `deterministic=True` gives bit-identical gradients run to run (dQ's key blocks add in a fixed order; D 64 and 128).
     """
     _require_torch("codegen.attention()")
+    fixed = cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
     if torch.compiler.is_compiling():  # torch.compile traces the custom op (codegen.torch_op), not this body
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                     softcap=softcap, pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
@@ -80,13 +81,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
     elif _needs_grad(q, k, v):
         from .backward import differentiable_attention
 
-        fixed = cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None
         o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                           softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning,
                                           deterministic=deterministic,
                                           varlen=None if fixed else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                      max_seqlen_k))
-    elif cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
+    elif fixed:
         o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks)
     else:  # varlen: the offsets are copied to the host and checked on every call
         call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
@@ -328,9 +328,7 @@ def _map_params(call: ResolvedCall, plan, q, k, v, o) -> dict:
                                      ("v", v, shape.seq_k, shape.kv_heads), ("o", o, shape.seq_q, shape.heads)):
         if not hasattr(plan, name):
             continue
-        # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
-        sb, ss, sh = ((tensor.shape[-1], tensor.stride(0), tensor.stride(1)) if varlen
-                      else _strides_bshd(tensor, call.layout))
+        sb, ss, sh = map_strides(tensor, call.layout, varlen)
         try:
             params[name] = getattr(plan, name).tensor_map.instantiate(
                 batch=1 if varlen else shape.batch, seq_len=seq, heads=heads, stride_b=sb, stride_s=ss, stride_h=sh)
@@ -377,6 +375,12 @@ def _sm_count(device_index: int) -> int:
     import torch
 
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def map_strides(t, layout: str, varlen: bool) -> tuple[int, int, int]:
+    """A tensor's (batch, seq, head) element strides as its tensor map takes them: a packed varlen (total, H, D)
+    tensor is one batch entry of `total` rows (the batch stride, never stepped, is the head dim)."""
+    return (t.shape[-1], t.stride(0), t.stride(1)) if varlen else _strides_bshd(t, layout)
 
 
 def _strides_bshd(t, layout: str) -> tuple[int, int, int]:

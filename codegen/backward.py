@@ -83,8 +83,7 @@ class BackwardLauncher:
         self.maps = {}
         for op, t, seq, heads in (("q", q, shape.seq_q, shape.heads), ("k", k, shape.seq_k, shape.kv_heads),
                                   ("v", v, shape.seq_k, shape.kv_heads), ("do", do, shape.seq_q, shape.heads)):
-            # A packed varlen tensor is one batch entry of `total` rows for the tensor maps.
-            sb, ss, sh = (t.shape[-1], t.stride(0), t.stride(1)) if varlen else _strides_bshd(t, layout)
+            sb, ss, sh = api.map_strides(t, layout, varlen)
             try:
                 params = getattr(self.plan, op).tensor_map.instantiate(batch=1 if varlen else shape.batch, seq_len=seq,
                                                                        heads=heads, stride_b=sb, stride_s=ss,

@@ -28,8 +28,8 @@ _CU_K = Param("cu_seqlens_k", "const int* __restrict__", Pack.POINTER,
 PRE_PARAMS = (
     *strided_tensor("o", "the forward's o", "(B, S_q, H, D)"),
     *strided_tensor("do", "dO, the gradient of o", "(B, S_q, H, D)"),
-    Param("lse", "const float* __restrict__", Pack.POINTER, "float (B, H, S_q) contiguous: the forward's natural-log "
-          "logsumexp", "lse"),
+    Param("lse", "const float* __restrict__", Pack.POINTER, "float (B, H, S_q) contiguous (varlen: (H, total_q)): the "
+          "forward's natural-log logsumexp", "lse"),
     _LSE_LOG2, _DELTA, _DQ_ACCUM, _DQ_TURNS, _BATCH, _CU_Q,
 )
 
