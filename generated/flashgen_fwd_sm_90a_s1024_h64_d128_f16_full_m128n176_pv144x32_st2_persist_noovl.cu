@@ -225,6 +225,7 @@ constexpr int kRowsPerConsumer = 64;
 constexpr int kStages = 2;
 constexpr int kSeqLenK = 1024;
 constexpr int kGroup = 1;  // query heads per K/V head
+constexpr int kSectionHeads = 64;  // (sequence, head) pairs per dispatch section of a causal grid
 // Query i's diagonal is key i + (S_k - S_q) (bottom-right alignment when the lengths differ); it sees keys in
 // [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
 constexpr int kWindowLeft = -1, kWindowRight = -1;
@@ -370,8 +371,19 @@ static __device__ __forceinline__ Tile make_tile(const Params& p, int m_block, i
   return tile;
 }
 
-// Tile index -> its tile. Consecutive indices share a head, so the CTAs running together read the same K/V
-// through L2; with a moving right bound the long tiles of each head come first.
+// Where a right bound moves with the query (causal), tile m sees more keys the larger m is. Tile `index` of
+// tiles_m x pairs (sequence, head) pairs, in sections of kSectionHeads pairs whose K/V fit L2: within a section
+// the longest tiles come first across its pairs, so no pair's long tiles start just before the end.
+static __device__ __forceinline__ void longest_first(int index, int tiles_m, int pairs, int& m_block, int& pair) {
+  const int per_section = tiles_m * cfg::kSectionHeads, section = index / per_section;
+  const int first = section * cfg::kSectionHeads, here = min(cfg::kSectionHeads, pairs - first);
+  const int r = index - section * per_section;
+  m_block = tiles_m - 1 - r / here, pair = first + r % here;
+}
+
+// Tile index -> its tile (persistent CTAs). Consecutive indices share a head, so the CTAs running together read
+// the same K/V through L2; with a moving right bound the long tiles of each head come first. (longest_first here
+// cost the D=96 varlen producer 12 bytes of spills.)
 static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
   const int m_idx = index % p.tiles_m, head = (index / p.tiles_m) % cfg::kHeads, batch = index / p.tiles_m / cfg::kHeads;
   return make_tile(p, cfg::kLongTilesLast ? p.tiles_m - 1 - m_idx : m_idx, head, batch);
@@ -387,12 +399,19 @@ static __device__ __forceinline__ void visit_range(Tile& tile) {
   }
 }
 
-// The one tile of a CTA that is not persistent; tiles further down see more keys where the right bound
-// moves with the query (causal), so those launch first and the long ones do not finish last. False: the
-// grid covers the longest varlen sequence and this one is shorter.
+// The one tile of a CTA that is not persistent. Where the right bound moves with the query (causal), tiles
+// further down see more keys: CTAs are taken in dispatch order (x fastest) as sections of kSectionHeads
+// (sequence, head) pairs, each section's longest tiles first across its heads, so no head's long tiles start
+// just before the end. False: the grid covers the longest varlen sequence and this one is shorter.
 static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
-  const int m_block = cfg::kLongTilesLast ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  tile = make_tile(p, m_block, blockIdx.y, blockIdx.z);
+  int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  if constexpr (cfg::kLongTilesLast) {  // CTAs in dispatch order (x fastest), longest first by sections
+    int pair;
+    longest_first(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
+                  m_block, pair);
+    head = pair % gridDim.y, batch = pair / gridDim.y;
+  }
+  tile = make_tile(p, m_block, head, batch);
   if (cfg::kVarlen && m_block * cfg::kBlockM >= tile.len.seq_q) return false;
   visit_range(tile);
   return true;

@@ -101,7 +101,7 @@ def test_long_unmasked_attention_takes_the_wide_key_block():
     assert resolve(KernelSpec(seq_len=2048, heads=16, head_dim=256)).block_n == 64
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=256, causal=True)).block_n == 64
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=96)).block_n == 128
-    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=192)).block_n == 64
+    assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=192)).block_n == 112
     # An explicit split keeps its own key block.
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, pv_split=(64, 64))).block_n == 128
 
@@ -137,7 +137,7 @@ def test_plan_fits_shared_memory_and_aligns_swizzled_tiles():
 
 @pytest.mark.parametrize("head_dim, block_n, split, stages, rescale", [
     (64, 128, (96, 32), 3, False), (96, 128, (96, 32), 3, False), (128, 128, (96, 32), 3, True),
-    (192, 64, (32, 32), 3, True), (256, 64, (32, 32), 2, True)])
+    (192, 112, (80, 32), 2, True), (256, 64, (32, 32), 2, True)])
 def test_defaults_per_head_dim(head_dim, block_n, split, stages, rescale):
     spec = resolve(KernelSpec(seq_len=512, heads=16, head_dim=head_dim))  # short keys: no wide block
     assert (spec.block_n, spec.pv_split) == (block_n, split)
@@ -489,3 +489,25 @@ def test_tile_boundary_default(head_dim, keys, overlap):
                   dict(causal=True, persistent=True), dict(window=(256, -1), persistent=True)):
         spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, **other))
         assert not make_plan(spec).tile_overlap and "_noovl" not in spec.name
+
+
+def test_causal_tiles_dispatch_longest_first_in_l2_sections():
+    from codegen.families.fwd_sm90.plan import L2_SECTION_BYTES, Plan, resolve
+
+    plan = Plan(resolve(KernelSpec(seq_len=8192, heads=32, kv_heads=8, head_dim=128, dtype="bf16", causal=True)))
+    per_head = 8192 * 128 * 2 * 2 / 4  # K and V of a K/V head, shared by 4 query heads
+    assert plan.section_heads == 32 and plan.section_heads * per_head <= L2_SECTION_BYTES
+    assert "constexpr int kSectionHeads = 32;" in build(plan.spec).rendered.source
+
+    def longest_first(index, tiles_m, pairs, n):  # tiles.j2's longest_first, term for term
+        per_section, section = tiles_m * n, index // (tiles_m * n)
+        first = section * n
+        here, r = min(n, pairs - first), index - section * per_section
+        return tiles_m - 1 - r // here, first + r % here
+
+    for tiles_m, pairs, n in ((32, 128, 16), (5, 7, 4), (3, 2, 8), (1, 9, 2)):
+        placed = [longest_first(i, tiles_m, pairs, n) for i in range(tiles_m * pairs)]
+        assert sorted(placed) == [(m, p) for m in range(tiles_m) for p in range(pairs)]  # each tile once
+        for i in range(1, len(placed)):  # within a section the query tiles only get shorter
+            if placed[i][1] // n == placed[i - 1][1] // n:
+                assert placed[i][0] <= placed[i - 1][0]

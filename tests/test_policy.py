@@ -32,7 +32,7 @@ def test_explicit_defaults():
     assert bn(spec(4096, 128, window=(256, -1))) == 128
     assert bn(spec(1024, 64)) == 192 and bn(spec(512, 64)) == 128 and bn(spec(4096, 64, causal=True)) == 128
     assert bn(spec(4096, 256)) == 80 and bn(spec(2048, 256)) == 64 and bn(spec(4096, 256, causal=True)) == 64
-    assert bn(spec(4096, 96)) == 128 and bn(spec(4096, 192)) == 64
+    assert bn(spec(4096, 96)) == 128 and bn(spec(4096, 192)) == 112
     assert bn(spec(512, 128, seq_len_k=1024)) == 176  # the keys decide
     assert policy.default_pv_split(176) == (144, 32) and policy.default_pv_split(128) == (96, 32)
     assert policy.default_pv_split(192) == (160, 32) and policy.default_pv_split(80) == (48, 32)
@@ -62,7 +62,7 @@ def test_explicit_defaults():
     assert (policy.CONDITIONAL_RESCALE_MIN_HEAD_DIM, policy.QK_OVERWRITES_MIN_HEAD_DIM) == (128, 128)
     assert (policy.SHORT_TAIL_MAX_BLOCK_N, policy.PREFETCH_Q_MAX_KEYS) == (192, 1024)
     assert (policy.PLAIN_BOUNDARY_MIN_HEAD_DIM, policy.PLAIN_BOUNDARY_MAX_KEYS) == (128, 2048)
-    assert policy.DEFAULT_BLOCK_N == {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+    assert policy.DEFAULT_BLOCK_N == {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}
     assert policy.WIDE_BLOCK_N == {64: (192, 1024), 128: (176, 1024), 256: (80, 4096)}
 
 

@@ -107,6 +107,7 @@ def context(plan: Plan) -> dict:
         "seq_len": s.seq_len,
         "seq_len_k": s.keys,
         "group": s.group,
+        "section_heads": plan.section_heads,
         "window_left": plan.window_bounds[0],
         "window_right": plan.window_bounds[1],
         "softcap_c": f"{float(s.softcap)!r}f",

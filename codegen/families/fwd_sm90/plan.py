@@ -39,6 +39,13 @@ if PRODUCER_REGS + 2 * CONSUMER_REGS > 3 * LAUNCH_REGS:
 SMEM_LIMIT = 227 * 1024  # per block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 # The kernel rounds its dynamic base up to the tiles' alignment (Plan.smem_align), wasting at most this much.
 SMEM_ALIGN_SLACK = 1024
+# Per-tile CTAs of a causal grid dispatch in sections of (sequence, head) pairs whose K and V fit this much of L2,
+# longest query tiles first across the section's heads (FA4's SingleTileLPTScheduler takes 50 MB too). Within a
+# head, as before, the CTAs running together share its K/V; the section stops the last head's long tiles from
+# starting a wave before the end (a list-scheduling model, bench/LOG.md "v22": 4 x 4k causal 561 -> 546 block
+# times, 1 x 8k kv8 causal 549 -> 521).
+L2_SECTION_BYTES = 50 * 1024 * 1024
+MAX_SECTION_HEADS = 1 << 12
 MIN_STAGES = 2  # KernelSpec offers 2..4 (one stage would load nothing under compute)
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
@@ -193,6 +200,17 @@ class Plan:
             return self.abi.grid.dims(tiles_m=self.tiles_m(max_seqlen_q), batch=batch, sms=sms)
         except GridError as e:
             raise SpecError(str(e)) from None
+
+    @property
+    def section_heads(self) -> int:
+        """(Sequence, head) pairs per dispatch section of a causal grid: the largest power of two whose K and V
+        (their K/V heads', shared by each group of query heads) fit L2_SECTION_BYTES, at least 1."""
+        s = self.spec
+        per_head = s.keys * s.head_dim * s.elem_bytes * 2 / s.group
+        n = 1
+        while n < MAX_SECTION_HEADS and 2 * n * per_head <= L2_SECTION_BYTES:
+            n *= 2
+        return n
 
     @property
     def tile_overlap(self) -> bool:
