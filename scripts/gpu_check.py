@@ -51,7 +51,9 @@ PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", 
 
 def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, float]:
     t0 = time.time()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    # The checkout first; a caller's PYTHONPATH (e.g. FA4's --target install, bench/wip/README.md) stays behind it.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     print(f"$ {shlex.join(cmd)}", flush=True)
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
