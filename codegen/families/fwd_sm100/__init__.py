@@ -51,6 +51,10 @@ TMEM_CHUNK = 32
 # D=64 (255 registers, no spills; block_n 128 takes 175).
 MAX_PASS_COLUMNS = 224
 O_VECTOR_BYTES = 16  # one st.global.v4 of a row's O
+# Key blocks per head dim: never measured here (no Blackwell is lent), so not codegen.policy's sm_90a table, which
+# moves with H200 measurements (D=192's 112 there is not a TMEM_CHUNK multiple). The values are that table's
+# before v23.
+DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 
 _MAPS = tuple(Param(f"tmap_{op}", "TmaDesc", Pack.TENSOR_MAP, f"CUtensorMap of {op} (layouts/ derives it)",
                     f"maps[{i}]") for i, op in enumerate("qkv"))
@@ -89,7 +93,7 @@ def resolve(spec: KernelSpec) -> KernelSpec:
     keys = spec.keys
     if keys % 8:
         raise SpecError(f"S_k = {keys}: the 5-D V map walks keys in groups of 8; pad the keys to a multiple of 8")
-    block_n = spec.block_n or policy.DEFAULT_BLOCK_N[spec.head_dim]
+    block_n = spec.block_n or DEFAULT_BLOCK_N[spec.head_dim]
     if block_n % TMEM_CHUNK:
         raise SpecError(f"block_n {block_n}: S is read from TMEM in {TMEM_CHUNK}-column chunks")
     split = spec.pv_split or policy.default_pv_split(block_n)

@@ -15,7 +15,6 @@ from functools import cached_property
 
 from layouts import tcgen05
 
-from codegen import policy
 from codegen.abi import MBARRIER_BYTES, Barrier, BarrierMap, Grid, KernelABI
 from codegen.spec import MMA_K, KernelSpec, SpecError
 
@@ -34,7 +33,7 @@ _PARAMS = tuple(p for p in FWD_PARAMS if p.name.startswith("tmap_")) + PROBE_PAR
 def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in BLACKWELL_ARCHS:
         raise SpecError(f"the Blackwell probe is for {BLACKWELL_ARCHS}, not {spec.arch}")
-    block_n = spec.block_n or policy.DEFAULT_BLOCK_N[spec.head_dim]
+    block_n = spec.block_n or fwd_sm100.DEFAULT_BLOCK_N[spec.head_dim]
     if block_n % TMEM_CHUNK or block_n > 256:
         raise SpecError(f"the Blackwell probe reads S in {TMEM_CHUNK}-column chunks: block_n {block_n} must be a "
                         f"multiple of {TMEM_CHUNK} up to 256")
