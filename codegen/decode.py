@@ -40,7 +40,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None,
-                           ctas_per_sm: int = 0):
+                           ctas_per_sm: int = 0, pdl: bool = True):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
@@ -60,7 +60,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     page; None (the default) gathers pages of up to 4 rows, where a TMA copy per page is slower (bench/LOG.md,
     "Decode", d8). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two CTAs
     per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each.
-    `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth.
+    `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth. `pdl` (default True) launches the
+    kernel(s) by programmatic dependent launch where the splits are not one cluster: a call's CTAs may start while
+    the stream's previous kernel finishes, and wait for its writes before they read any input, so kernels back to
+    back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -78,13 +81,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather, ctas_per_sm)
+               gather, ctas_per_sm, bool(pdl))
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
-                                  window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm)
+                                  window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm,
+                                  bool(pdl))
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -135,17 +139,21 @@ def choose_splits(ctas: int, blocks: int, sms: int) -> int:
 class DecodeLauncher:
     """One checked call signature's kernels, argument buffers, tensor maps and workspace (per stream)."""
 
-    def __init__(self, built, kernel, append_kernel, map_params, batch, splits, scale):
+    def __init__(self, built, kernel, append_kernel, map_params, batch, splits, scale, overlap: bool = False):
         from . import driver
 
         self.built, self.kernel, self.append_kernel = built, kernel, append_kernel
         plan = built.plan
         self.plan, self.map_params, self.batch, self.splits = plan, map_params, batch, splits
         self.grid = plan.grid(batch, splits)
-        from .launcher import ClusterLaunch, TensorMapCache
+        from .launcher import ConfiguredLaunch, TensorMapCache
 
         self.cluster = plan.cluster_dims(splits)  # a tile's splits as one cluster, started together
-        self._cluster_launch = ClusterLaunch(kernel, self.grid, plan.threads, self.cluster) if self.cluster else None
+        # Programmatic dependent launch (the kernels griddepcontrol.wait before any input read), but not for a cluster
+        # launch: back to back, B=1 x 32k with 8 clustered splits took 52 us a call with it, 40 without (bench/LOG.md d14).
+        self.overlap = overlap and self.cluster is None
+        self._launch = (ConfiguredLaunch(kernel, self.grid, plan.threads, self.cluster, self.overlap)
+                        if self.cluster or self.overlap else None)
         values = {p.name: 0 for p in plan.abi.params}
         values.update(tmap_k=bytes(driver.TENSOR_MAP_BYTES), tmap_v=bytes(driver.TENSOR_MAP_BYTES), splits=splits,
                       scale_log2=float(scale * LOG2E))
@@ -159,6 +167,8 @@ class DecodeLauncher:
         self._threads, self._gathered = plan.threads, plan.spec.gather
         self._elem_bytes = plan.spec.elem_bytes
         self._append_grid, self._append_threads = plan.append_grid(batch), plan.append_threads
+        self._append_launch = (ConfiguredLaunch(append_kernel, self._append_grid, self._append_threads, None, True)
+                               if self.overlap else None)
         self._strides_set = False
         self._workspace: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -207,9 +217,12 @@ class DecodeLauncher:
                 a["k_new_gmem"].value, a["v_new_gmem"].value = k_new.data_ptr(), v_new.data_ptr()
                 a["k_cache_gmem"].value, a["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
                 a["cache_seqlens"].value, a["page_table"].value = cache_seqlens.data_ptr(), pages
-                launch_now(self.append_kernel, self._append_grid, self._append_threads, stream, self._append_args)
-            if self._cluster_launch is not None:
-                self._cluster_launch(stream, self._args)
+                if self._append_launch is not None:
+                    self._append_launch(stream, self._append_args)
+                else:
+                    launch_now(self.append_kernel, self._append_grid, self._append_threads, stream, self._append_args)
+            if self._launch is not None:
+                self._launch(stream, self._args)
             else:
                 launch_now(self.kernel, self.grid, self._threads, stream, self._args)
 
@@ -245,7 +258,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather, ctas_per_sm) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -316,7 +329,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                     stride_s=strides[1], stride_h=strides[2])
         except LayoutError as err:
             raise InputError(f"{op}_cache: {err}") from None
-    return DecodeLauncher(built, kernel, append_kernel, map_params, batch, splits, float(scale))
+    return DecodeLauncher(built, kernel, append_kernel, map_params, batch, splits, float(scale), overlap=pdl)
 
 
 def _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table):

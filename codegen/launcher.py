@@ -52,7 +52,7 @@ class _Dim3(ctypes.Structure):
 
 
 class _LaunchAttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", _Dim3)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", _Dim3), ("flag", ctypes.c_int)]
 
 
 class _LaunchAttr(ctypes.Structure):
@@ -180,22 +180,32 @@ def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args
         driver.check((cu.CUresult(err),), "cuLaunchKernel")
 
 
-class ClusterLaunch:
-    """A loaded kernel's cuLaunchKernelEx configuration with its CTAs in clusters of `cluster` (which divides
-    `grid`), built once: a launch sets the stream and passes the packed arguments."""
+class ConfiguredLaunch:
+    """A loaded kernel's cuLaunchKernelEx configuration, built once: its CTAs in clusters of `cluster` (which divides
+    `grid`; None: no clusters), and with `overlap` launched by programmatic dependent launch (the kernel may start
+    while the stream's previous kernel runs; it must execute griddepcontrol.wait before reading any input). A launch
+    sets the stream and passes the packed arguments."""
 
-    def __init__(self, kernel, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int]):
-        assert all(g % c == 0 for g, c in zip(grid, cluster)), (grid, cluster)
+    def __init__(self, kernel, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int] | None = None,
+                 overlap: bool = False):
+        assert cluster is None or all(g % c == 0 for g, c in zip(grid, cluster)), (grid, cluster)
         _load_driver_lib()
         if _lib_launch_ex is None:
-            raise RuntimeError("a cluster launch needs libcuda's cuLaunchKernelEx (CUDA 12 or later)")
+            raise RuntimeError("a cluster or overlapped launch needs libcuda's cuLaunchKernelEx (CUDA 12 or later)")
         from cuda.bindings import driver as cu
 
-        self.kernel, self.cluster = kernel, cluster
-        self._attr = _LaunchAttr(id=int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION))
-        self._attr.value.cluster_dim = _Dim3(*cluster)
+        ids = cu.CUlaunchAttributeID
+        self.kernel, self.cluster, self.overlap = kernel, cluster, overlap
+        attrs = []
+        if cluster is not None:
+            attrs.append(_LaunchAttr(id=int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)))
+            attrs[-1].value.cluster_dim = _Dim3(*cluster)
+        if overlap:
+            attrs.append(_LaunchAttr(id=int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)))
+            attrs[-1].value.flag = 1  # programmaticStreamSerializationAllowed
+        self._attrs = (_LaunchAttr * max(1, len(attrs)))(*attrs)
         self._config = _LaunchConfig(grid=_Dim3(*grid), block=_Dim3(block, 1, 1), shared_mem_bytes=kernel.dynamic_smem,
-                                     attrs=ctypes.pointer(self._attr), num_attrs=1)
+                                     attrs=ctypes.cast(self._attrs, ctypes.POINTER(_LaunchAttr)), num_attrs=len(attrs))
         self._config_address = ctypes.addressof(self._config)
 
     def __call__(self, stream: int, args) -> None:

@@ -350,22 +350,37 @@ def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatc
     assert plan.grid(3, 5)[0] == 5  # the grid's x is the split, so a cluster of x holds one tile's splits
     clusters, plain = [], []
 
-    class FakeClusterLaunch:
-        def __init__(self, kernel, grid, block, cluster):
-            self.shape = (kernel, grid, block, cluster)
+    class FakeConfiguredLaunch:
+        def __init__(self, kernel, grid, block, cluster, overlap):
+            self.shape = (kernel, grid, block, cluster, overlap)
 
         def __call__(self, stream, args):
             clusters.append(self.shape)
 
-    monkeypatch.setattr(launcher, "ClusterLaunch", FakeClusterLaunch)
+    monkeypatch.setattr(launcher, "ConfiguredLaunch", FakeConfiguredLaunch)
     monkeypatch.setattr(launcher, "launch_now", lambda kernel, grid, threads, stream, args: plain.append((kernel, grid)))
     q, o = _Tensor(100, (999, 99, 9)), _Tensor(200, (555, 55, 5))
     for splits in (1, 4, 16):
         call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1)
         monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
         call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
-    assert clusters == [("attend", plan.grid(2, 4), plan.threads, (4, 1, 1))]
+    assert clusters == [("attend", plan.grid(2, 4), plan.threads, (4, 1, 1), False)]
     assert plain == [("attend", plan.grid(2, 1)), ("attend", plan.grid(2, 16))]
+    clusters.clear()
+    for splits in (1, 4, 16):  # overlapped (the API's default): every launch by cuLaunchKernelEx
+        call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1, overlap=True)
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+        call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
+    # a cluster launch is not overlapped (slower back to back: bench/LOG.md d14)
+    assert clusters == [("attend", plan.grid(2, n), plan.threads, c, c is None)
+                        for n, c in ((1, None), (4, (4, 1, 1)), (16, None))]
+    clusters.clear()  # with appends: the append kernel is overlapped too, launched first
+    call = decode.DecodeLauncher(built, "attend", "append", {}, 2, 1, 0.1, overlap=True)
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+    new = _Tensor(500, (11, 12, 13))
+    call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), new, new, None, o, None)
+    assert clusters == [("append", plan.append_grid(2), plan.append_threads, None, True),
+                        ("attend", plan.grid(2, 1), plan.threads, None, True)]
 
 
 def test_only_the_cluster_launched_family_masks_descriptor_addresses_to_the_field():
@@ -438,7 +453,7 @@ def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(mo
     monkeypatch.setattr(launcher, "_lib_launch_ex", lambda config, function, args, extra: calls.append(
         ("launch", ctypes.cast(config, ctypes.POINTER(launcher._LaunchConfig)).contents, function, args)) or 0)
     kernel = type("Kernel", (), {"dynamic_smem": 181584, "context_handle": 11, "function_handle": 22})()
-    launch = launcher.ClusterLaunch(kernel, (8, 8, 1), 384, (8, 1, 1))
+    launch = launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, (8, 1, 1))
     for stream in (5, 6):
         launch(stream, type("Args", (), {"address": 33})())
     assert [c[0] for c in calls] == ["ctx", "launch"] * 2
@@ -449,4 +464,29 @@ def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(mo
     assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     assert (attr.value.cluster_dim.x, attr.value.cluster_dim.y, attr.value.cluster_dim.z) == (8, 1, 1)
     with pytest.raises(AssertionError):
-        launcher.ClusterLaunch(kernel, (6, 8, 1), 384, (4, 1, 1))  # a cluster that does not divide the grid
+        launcher.ConfiguredLaunch(kernel, (6, 8, 1), 384, (4, 1, 1))  # a cluster that does not divide the grid
+    calls.clear()
+    launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, (8, 1, 1), overlap=True)(7, type("Args", (), {"address": 33})())
+    config = calls[-1][1]
+    assert config.num_attrs == 2 and config.attrs[0].id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    pdl = config.attrs[1]
+    assert pdl.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION and pdl.value.flag == 1
+    launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, None, overlap=True)(7, type("Args", (), {"address": 33})())
+    config = calls[-1][1]
+    assert config.num_attrs == 1 and config.attrs[0].id == pdl.id
+
+
+@pytest.mark.parametrize("spec", [DecodeSpec(heads=32, kv_heads=8, head_dim=128),
+                                  DecodeSpec(heads=32, kv_heads=8, head_dim=64, q_len=4, page_size=4, gather=True)])
+def test_both_kernels_wait_for_the_previous_kernel_before_reading_any_input(spec):
+    """Launched by programmatic dependent launch, a kernel may run beside the one before it on the stream: every
+    input read (q, the lengths, the caches, the page table, k_new) must come after griddepcontrol.wait."""
+    src = build(spec).rendered.source
+    assert "griddepcontrol.wait;" in src and "griddepcontrol.launch_dependents;" in src
+    attend = src[src.index("extern \"C\" __global__"):]
+    append = attend[attend.index("extern \"C\" __global__", 10):]
+    attend = attend[:len(attend) - len(append)]
+    for body, reads in ((attend, ("copy_q(", "measure_work(", "producer(", "consumer(")),
+                        (append, ("cache_seqlens[b]", "k_new_gmem +", "page_table["))):
+        wait = body.index("griddep_wait();")
+        assert all(body.index(read) > wait for read in reads), body
