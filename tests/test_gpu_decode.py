@@ -136,6 +136,32 @@ def test_repeated_calls_reuse_the_launcher():
         run_and_check(q, k, v, lengths, num_splits=4)
 
 
+@pytest.mark.parametrize("new", [False, True])
+def test_a_call_reads_the_output_the_kernel_before_it_writes(new):
+    """Under programmatic dependent launch the second call's CTAs may start while the first call runs (it triggers
+    at entry and leaves SMs free): they must wait for its o, poisoned before it, before reading it as q."""
+    from codegen import decode
+
+    batch, capacity, lengths = 8, 8192, [8192 - 16] * 8  # 64 one-split tiles: most SMs free for the second call
+    k, v = make_cache(batch, capacity, 8, 128, [capacity] * batch, torch.bfloat16, seed=6)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    kv_new = [torch.randn(batch, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)] if new else [None] * 2
+    attended = [n + 1 for n in lengths] if new else lengths  # the second call sees the first's appended token
+    seqlens_after = torch.tensor(attended, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    first, second = torch.empty_like(q), torch.empty_like(q)
+    for _ in range(3):
+        first.fill_(float("nan"))
+        _, lse_first = attention_with_kvcache(q, k, v, seqlens, k_new=kv_new[0], v_new=kv_new[1], causal=False,
+                                              num_splits=1, out=first, return_lse=True)
+        o, lse = attention_with_kvcache(first, k, v, seqlens_after, causal=False, num_splits=1, out=second,
+                                        return_lse=True)
+        assert all(c.overlap for c in decode._LAUNCHERS.values() if c.batch == batch and c.splits == 1)
+        torch.cuda.synchronize()
+        assert_matches_float64(first, lse_first, q, k, v, attended, dict(causal=False))
+        assert_matches_float64(o, lse, first, k, v, attended, dict(causal=False))
+
+
 def test_lengths_past_the_capacity_are_refused_with_check():
     k, v = make_cache(1, 256, 8, 128, [256], torch.bfloat16)
     q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
