@@ -136,6 +136,27 @@ def choose_splits(ctas: int, blocks: int, sms: int) -> int:
     return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
 
 
+def fit_clusters(plan: Plan, tiles: int, splits: int, resident) -> int:
+    """Chosen splits, fewer where a tile's splits launch as one cluster but not every tile's cluster is resident at
+    once (`resident(size)`: clusters of that size the device holds; a GPC takes whole clusters only): the most
+    splits whose clusters all fit. At B=2 x 8k, 16 clusters of 8 ran 0.76x cuDNN (bench/LOG.md, "Decode", d15)."""
+    while plan.cluster_dims(splits) is not None and resident(splits) < tiles:
+        splits -= 1
+    return splits
+
+
+_RESIDENT: dict[tuple[int, int, int], int] = {}  # (function handle, threads, cluster size) -> resident clusters
+
+
+def _resident_clusters(kernel, threads: int, size: int) -> int:
+    key = (kernel.function_handle, threads, size)
+    if key not in _RESIDENT:
+        from . import driver
+
+        _RESIDENT[key] = driver.resident_clusters(kernel, threads, size)
+    return _RESIDENT[key]
+
+
 class DecodeLauncher:
     """One checked call signature's kernels, argument buffers, tensor maps and workspace (per stream)."""
 
@@ -315,6 +336,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
     plan = built.plan
+    if not num_splits:
+        splits = fit_clusters(plan, tiles, splits, functools.partial(_resident_clusters, kernel, plan.threads))
     map_params = {}  # a gathering kernel reads the caches by address, through no tensor map
     for op, cache in () if spec.gather else (("k", k_cache), ("v", v_cache)):
         strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]

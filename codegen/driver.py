@@ -75,6 +75,21 @@ def sibling(kernel: LoadedKernel, kernel_name: str, dynamic_smem: int = 0) -> Lo
     return LoadedKernel(kernel.module, function, dynamic_smem, kernel.context)
 
 
+def resident_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
+    """Clusters of `size` CTAs of `threads` threads of a loaded kernel that the device holds at once
+    (cuOccupancyMaxActiveClusters: a GPC takes whole clusters only, so this is below SMs / size where a GPC's SMs
+    are not a multiple of the size)."""
+    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = size, 1, 1
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = size, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes, config.attrs, config.numAttrs = kernel.dynamic_smem, [attr], 1
+    return check(cu.cuOccupancyMaxActiveClusters(kernel.function, config), f"cuOccupancyMaxActiveClusters({size})")
+
+
 def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:
     """cuTensorMapEncodeTiled from derived, already validated parameters; returns the 128 opaque bytes."""
     tmap = check(cu.cuTensorMapEncodeTiled(

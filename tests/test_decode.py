@@ -490,3 +490,16 @@ def test_both_kernels_wait_for_the_previous_kernel_before_reading_any_input(spec
                         (append, ("cache_seqlens[b]", "k_new_gmem +", "page_table["))):
         wait = body.index("griddep_wait();")
         assert all(body.index(read) > wait for read in reads), body
+
+
+def test_chosen_splits_shrink_until_every_tile_s_cluster_is_resident():
+    from codegen.decode import fit_clusters
+
+    plan = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128)).plan
+    resident = {8: 14, 7: 15, 6: 16, 5: 24, 4: 32, 3: 40, 2: 66}.get  # 8 GPCs of 16-18 SMs, one CTA per SM
+    assert fit_clusters(plan, 8, 8, resident) == 8     # B=1: 8 clusters of 8 fit
+    assert fit_clusters(plan, 16, 8, resident) == 6    # B=2: 16 clusters fit at 6 splits, not at 8 or 7
+    assert fit_clusters(plan, 64, 2, resident) == 2
+    assert fit_clusters(plan, 100, 2, resident) == 1   # no cluster size fits: one split, no cluster
+    assert fit_clusters(plan, 16, 16, resident) == 16  # not a cluster launch: unchanged
+    assert fit_clusters(plan, 16, 1, resident) == 1
