@@ -32,7 +32,7 @@ _LAUNCHERS: dict = {}
 # A split should stream at least this many key blocks: below it the merge's reads outweigh what the split saves.
 MIN_BLOCKS_PER_SPLIT = 2
 SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
-FEW_TILES = 8          # tiles below sms / FEW_TILES leave most SMs idle
+FEW_TILES = 3          # tiles at most sms / FEW_TILES leave most SMs idle: they take a wave of splits
 TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
 
 
@@ -122,12 +122,14 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
-    "Decode"). Where the tiles leave most SMs idle (B=1: 8 CTAs), as many splits as one wave holds, each of
+    "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
     MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
     (clustered splits merge after the cluster barrier: at B=1, 8 splits against 16 were 1.129x / 0.963x cuDNN at
     2k keys, 1.086x / 1.050x at 8k, 1.012x / 1.017x at 32k; d10); otherwise the split merge pays only on long
-    caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at 2k, 1.07x against
-    1.00x for two; two at 32k)."""
+    caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at 2k, 1.15x against
+    1.08x for two; two at 8k and 32k). fit_clusters then keeps every tile's cluster resident. The wave reaches up to
+    a third of the SMs' worth of tiles (it was an eighth): B=3 x 8k 0.875x with 2 splits, 1.048x with 4 (what the
+    wave and the fit give), 1.062x with 3; B=4 x 2k 0.862x with 1, 1.070x with 3 (d15b)."""
     if ctas >= sms:
         return 1
     if ctas * FEW_TILES <= sms:

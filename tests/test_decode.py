@@ -175,6 +175,10 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(8, 256, 132) == 8     # a wave would be 16: one cluster of 8 merges faster
     assert choose_splits(8, 12, 132) == 6      # 2 blocks a split
     assert choose_splits(1, 256, 132) == 128   # multi-query B=1: a wave of splits, far past a cluster
+    assert choose_splits(24, 64, 132) == 5     # B=3, 8k: a wave of splits (fit_clusters then takes 4 on an H200)
+    assert choose_splits(32, 16, 132) == 4     # B=4, 2k: 4 blocks a split (3 once the clusters fit)
+    assert choose_splits(44, 64, 132) == 3     # a third of the SMs: still a wave
+    assert choose_splits(45, 64, 132) == 2     # past it, splits of 32 blocks
     assert choose_splits(64, 16, 132) == 1     # B=8, 2k: the merge does not pay
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
