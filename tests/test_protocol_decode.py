@@ -172,6 +172,27 @@ def test_the_exchange_waits_for_every_load_to_land(monkeypatch):
         protocol.check(plan, 5, schedules=30)
 
 
+def test_a_split_with_no_block_waits_for_its_early_loads(monkeypatch):
+    """Where plan.early_load, block 0 is loaded before the length; a split of no block that went straight to the
+    exchange would write over the ring with those loads in flight: the model refuses it, and with the waits it
+    passes, for every real plan that loads early."""
+    early = [n for n, spec in REAL.items() if make_plan(spec).early_load]
+    assert early and not make_plan(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=16)).early_load
+    assert not make_plan(DecodeSpec(heads=32, kv_heads=8, head_dim=128, window=(64, 0))).early_load
+    for name in early:
+        protocol.check(make_plan(REAL[name]), 0, schedules=30)
+    real = protocol.programs
+
+    def no_wait(plan, count, **kwargs):
+        progs = real(plan, count, **kwargs)
+        return {role: [s for s in steps if not (role.startswith("consumer") and s.kind == "wait")]
+                for role, steps in progs.items()}
+
+    monkeypatch.setattr(protocol, "programs", no_wait)
+    with pytest.raises(ProtocolError, match="exchange wrote the K/V ring while . block 0's load"):
+        protocol.check(make_plan(REAL["1x2"]), 0, schedules=30)
+
+
 def test_the_model_waits_on_what_the_kernel_waits_on():
     for name in ("1x2", "2x1"):
         plan = make_plan(REAL[name])

@@ -97,6 +97,7 @@ def context(plan: Plan) -> dict:
         "k_vector_elems": plan.k_row_vector_elems if s.gather else 0,
         "gather": s.gather,
         "producer_threads": plan.producer_threads,
+        "early_load": plan.early_load,
         "smem": plan.smem,
         "smem_align": plan.smem_align,
         **mma_operands(plan),

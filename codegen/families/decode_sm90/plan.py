@@ -187,7 +187,6 @@ class SmemMap:
     flag_offset: int  # one int: whether this CTA merges its tile's splits
     total: int
 
-
 @functools.lru_cache(maxsize=256)
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather else TWO_CTA_BLOCK_N
@@ -336,6 +335,14 @@ class Plan:
     def append_threads(self) -> int:
         """One thread per 16 bytes of a new token's K (and V) row."""
         return self.spec.head_dim * self.spec.elem_bytes // 16
+
+    @property
+    def early_load(self) -> bool:
+        """Whether a split's first key block is known before the sequence's length is read, so that thread 0 can
+        load it first (the read cost ~0.4 us before the first load at batch 1, bench/LOG.md d16): split s starts
+        at block s (measure_work), on a dense cache (a page needs the page table) with
+        no left window bound (that one moves the first block with the length)."""
+        return not self.spec.page_size and self.window_bounds[0] < 0
 
     @property
     def window_bounds(self) -> tuple[int, int]:

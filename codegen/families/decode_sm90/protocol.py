@@ -18,6 +18,9 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
   (its wgmma waited) each warp releases KEmpty[s]; then VFull[s], PV, VEmpty[s]. Every row group reads every
   block it is given, so a slot's release counts 4 x row_groups arrivals. With `tail`, the last block holds the
   sequence's end and its V rows past it are zeroed by each reader (zero_v_tail) before its PV.
+* Where plan.early_load, the producer issues block 0 before the split's count is known; a split that then has no
+  block still has those two loads in flight, and every consumer waits for them to land before the exchange
+  writes over the ring or the CTA exits.
 * Q: each row group's tile is written by its key groups together (copy_q, at kernel entry), then a named-barrier
   rendezvous (wait_q), whether or not the split has key blocks.
 * With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment and logsumexps over
@@ -56,7 +59,8 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
     stages, rows, keys = plan.spec.stages, plan.row_groups, plan.key_groups
 
     prod = []
-    for j in range(count):
+    # plan.early_load: block 0 is issued before the length says whether the split has any block.
+    for j in range(max(count, 1 if plan.early_load else 0)):
         s, lap = j % stages, j // stages
         for op in ("K", "V"):
             if j >= stages:
@@ -77,6 +81,8 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
             if tail and j == count - 1:
                 steps.append(use(f"zero V {c} {j} {s}"))
             steps += [use(f"PV {c} {j} {s}"), use(f"PV done {c} {j}"), arrive(f"VEmpty[{s}]", WARPS_PER_WARPGROUP)]
+        if plan.early_load and count == 0:  # the early loads land before the ring is reused (or the CTA exits)
+            steps += [wait("KFull[0]", 0), wait("VFull[0]", 0)]
         if keys > 1:  # merge_key_groups (two key groups: one row group)
             steps += _rendezvous(f"RowGroup{rg}.merge", kg, 1 - kg)
             if kg == 1:
