@@ -1,0 +1,85 @@
+"""Per-CTA timeline of the decode kernel (bench/LOG.md d16): stamps at entry, Q landed, first K block landed,
+producer done, each key group's loop end, normalized, key-group merge, partial stored, merge barrier and exit.
+
+It rewrites templates/decode_sm90/ in the current directory to write the stamps (globaltimer at entry and exit,
+clock64 between, into a torch buffer whose address is compiled in), so run it only from a copy of the tree:
+    mkdir /tmp/T && cp -r codegen templates layouts gen.py bench scripts pyproject.toml /tmp/T && cd /tmp/T
+    FLASHGEN_PATCHED_COPY=1 PYTHONPATH=/tmp/T python3 /path/to/bench/wip/decode_timeline.py 1,2048 1,8192,16
+(B,S_K[,splits]: H=32/8, D=128, bf16, full dense caches). Times are us from the launch's first CTA entry."""
+import os, sys, pathlib
+if os.environ.get("FLASHGEN_PATCHED_COPY") != "1" or (pathlib.Path.cwd() / ".git").exists():
+    raise SystemExit("decode_timeline.py rewrites the templates it finds: run it in a copy (see its docstring)")
+import torch
+src = pathlib.Path.cwd()
+N_SLOTS = 16
+stamps = torch.zeros(1 << 16, N_SLOTS, dtype=torch.int64, device="cuda")
+addr = stamps.data_ptr()
+kt = src / "templates/decode_sm90/kernel.cu.j2"
+ct = src / "templates/decode_sm90/consumer.j2"
+k = kt.read_text(); c = ct.read_text()
+helper = ('static __device__ __forceinline__ void stamp(int slot, unsigned long long v = 0ull) {\n'
+          '  unsigned long long t;\n'
+          '  if (slot == 0 || slot == 14) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); else t = clock64();\n'
+          '  const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n'
+          f'  reinterpret_cast<unsigned long long*>({addr}ull)[cta * {N_SLOTS} + slot] = slot == 1 ? v : t;\n'
+          '}\n')
+k = k.replace('struct BlockPages {', helper + 'struct BlockPages {', 1)
+k = k.replace("  if (warpgroup > 0) copy_q(args, w, smem, warpgroup - 1, tid);",
+              "  if (threadIdx.x == 0) { stamp(0); stamp(15); unsigned s; asm(\"mov.u32 %0, %%smid;\" : \"=r\"(s)); stamp(1, s); }\n  if (warpgroup > 0) copy_q(args, w, smem, warpgroup - 1, tid);")
+assert "stamp(0)" in k
+import re
+k = re.sub(r"(      if \(j \+ 1 < w.count\) pages = read_block_pages\(table, [^;]*\);\n    }\n  }\n)}", r"\1  if (lane == 0) stamp(2);\n}", k, count=1)
+assert "stamp(2)" in k
+c = c.replace("    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n    // Gathered",
+              "    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n    if (tid == 0 && consumer == 0 && j == 0) stamp(3);\n    // Gathered")
+assert "stamp(3)" in c
+c = c.replace("  wait_q(row_group);\n", "  wait_q(row_group);\n  if (tid == 0 && consumer == 0) stamp(11);\n")
+c = c.replace("  // This split's rows: normalized O", "  if (tid == 0) stamp(4 + key_group);\n  // This split's rows: normalized O")
+c = c.replace("  if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups", "  if (tid == 0 && consumer == 0) stamp(8);\n  if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups")
+assert "stamp(8)" in c
+c = c.replace("    store_partial(args, w, o, lse2, rows, lane);\n", "    store_partial(args, w, o, lse2, rows, lane);\n    if (tid == 0 && consumer == 0) stamp(9);\n")
+c = c.replace("    send_partial(args, w, smem, o, lse2, rows, lane);\n    cluster_sync();\n", "    send_partial(args, w, smem, o, lse2, rows, lane);\n    if (tid == 0 && consumer == 0) stamp(9);\n    cluster_sync();\n    if (tid == 0 && consumer == 0) stamp(10);\n")
+mt = src / "templates/decode_sm90/merge.j2"; m = mt.read_text()
+m = m.replace("  cluster_sync();\n  merge_rows(args, w, ctid * args.splits + w.split", "  cluster_sync();\n  if (ctid == 0) stamp(10);\n  merge_rows(args, w, ctid * args.splits + w.split")
+m = m.replace("  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n", "  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n  if (ctid == 0) stamp(10);\n")
+mt.write_text(m)
+c = c.replace("  if (args.splits == 1) {\n    store_rows", "  if (tid == 0 && consumer == 0) stamp(6);\n  if (args.splits == 1) {\n    store_rows")
+c = c.rstrip()
+assert c.endswith("}\n}") or c.endswith("}")
+c = c[:-1] + "  if (tid == 0 && consumer == 0) { stamp(7); stamp(14); }\n}\n"
+assert "stamp(6)" in c and "stamp(7)" in c
+kt.write_text(k); ct.write_text(c)
+sys.path.insert(0, str(src))
+from codegen import attention_with_kvcache
+for text in sys.argv[1:]:
+    parts = [int(x) for x in text.split(",")]
+    B, S = parts[:2]
+    kw = {"num_splits": parts[2]} if len(parts) > 2 else {}
+    sets = []
+    for _ in range(2):
+        q = torch.randn(B, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+        kk, vv = (torch.randn(B, S, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+        sets.append((q, kk, vv, lens, torch.empty_like(q)))
+    for i in range(12):
+        s = sets[i % 2]
+        attention_with_kvcache(s[0], s[1], s[2], s[3], causal=False, out=s[4], **kw)
+    torch.cuda.synchronize()
+    stamps.zero_()
+    s = sets[0]
+    attention_with_kvcache(s[0], s[1], s[2], s[3], causal=False, out=s[4], **kw)
+    torch.cuda.synchronize()
+    st = stamps.cpu()
+    n = int((st[:, 0] > 0).sum())
+    st = st[:n].double()
+    t0 = st[:, 0].min()
+    ghz = float(((st[:, 7] - st[:, 15]) / (st[:, 14] - st[:, 0])).median())
+    print(f"B={B} S={S} {kw}: {n} CTAs, first-to-last {float((st[:, 14].max() - t0) / 1000):.2f} us (clock {ghz:.3f} GHz)")
+    q = lambda v: sorted(v.tolist())
+    ent = q((st[:, 0] - t0) / 1000.0)
+    print(f"  {'entry (gt)':>18}: min {ent[0]:7.2f} med {ent[len(ent)//2]:7.2f} max {ent[-1]:7.2f} us")
+    for col, name in [(11, "Q landed"), (3, "first K landed"), (2, "producer done"), (4, "kg0 loop end"), (5, "kg1 loop end"), (8, "normalized"), (6, "kg merge done"), (9, "partial stored"), (10, "merge sync"), (12, "stamp 12"), (13, "stamp 13"), (7, "exit")]:
+        if (st[:, col] == 0).all():
+            continue
+        v = q((st[:, col] - st[:, 15]) / ghz / 1000.0 + (st[:, 0] - t0) / 1000.0)
+        print(f"  {name:>18}: min {v[0]:7.2f} p10 {v[len(v)//10]:7.2f} med {v[len(v)//2]:7.2f} p90 {v[9*len(v)//10]:7.2f} max {v[-1]:7.2f} us")
