@@ -213,6 +213,11 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
         assert f"kRowGroups = {plan.row_groups}, kKeyGroups = {plan.key_groups};" in source
         assert "if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups(" in bodies["consumer"]
         assert "mbar_expect_tx(bar(bars, kBarKFull" in bodies["producer"]
+        # the early load's count-0 waits (plan.early_load): in the consumer as in the model
+        assert plan.early_load and "constexpr bool kEarlyLoad = true;" in source
+        assert "if (w.count == 0) mbar_wait(bar(bars, kBarKFull), 0), mbar_wait(bar(bars, kBarVFull), 0);" in bodies["consumer"]
+        assert [s.barrier for s in protocol.programs(plan, 0)["consumer0"] if s.kind == "wait"] == ["KFull[0]", "VFull[0]"]
+        assert "load_first_block(args, w, smem, bars);" in source
 
 
 def test_the_model_counts_arrivals_from_the_plan():
