@@ -383,8 +383,9 @@ class Plan:
 
     @property
     def exchange_bytes(self) -> int:
-        """Where key groups merge: the second's O fragment and two logsumexps per thread, over the idle K/V rings."""
-        return THREADS_PER_WARPGROUP * (self.spec.head_dim // 2 + 2) * 4
+        """Where key groups merge: the second's O fragment, two row maxima and two partial row sums per thread, over
+        the idle K/V rings."""
+        return THREADS_PER_WARPGROUP * (self.spec.head_dim // 2 + 4) * 4
 
     @property
     def q_vector_elems(self) -> int:

@@ -23,7 +23,7 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
   writes over the ring or the CTA exits.
 * Q: each row group's tile is written by its key groups together (copy_q, at kernel entry), then a named-barrier
   rendezvous (wait_q), whether or not the split has key blocks.
-* With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment and logsumexps over
+* With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment, row maxima and sums over
   the K/V ring memory and signals, the first syncs and reads them.
 
 `_apply_use` refuses: a load into a slot before every reader of its previous block is done with it; a QK, PV
