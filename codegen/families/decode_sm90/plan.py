@@ -340,8 +340,8 @@ class Plan:
     def early_load(self) -> bool:
         """Whether a split's first key block is known before the sequence's length is read, so that thread 0 can
         load it first (the read cost ~0.4 us before the first load at batch 1, bench/LOG.md d16): split s starts
-        at block s (measure_work), on a dense cache (a page needs the page table) with
-        no left window bound (that one moves the first block with the length)."""
+        at block s (measure_work), on a dense cache (a page needs the page table) with no left window bound (that
+        one moves the first block with the length)."""
         return not self.spec.page_size and self.window_bounds[0] < 0
 
     @property
