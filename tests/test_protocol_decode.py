@@ -212,7 +212,10 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
         assert f"kStages = {plan.spec.stages}," in source
         assert f"kRowGroups = {plan.row_groups}, kKeyGroups = {plan.key_groups};" in source
         assert "if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups(" in bodies["consumer"]
-        assert "mbar_expect_tx(bar(bars, kBarKFull" in bodies["producer"]
+        # the producer arms each slot's full barriers through load_block, which the early load shares
+        load_block = re.search(r"__forceinline__ void load_block\((.*?)\n}\n", source, flags=re.S).group(1)
+        assert "load_block<false>(" in bodies["producer"] and "load_block<true>(" in bodies["producer"]
+        assert "bar(bars, (kIsV ? kBarVFull : kBarKFull) + s)" in load_block and "mbar_expect_tx(full," in load_block
         # the early load's count-0 waits (plan.early_load): in the consumer as in the model
         assert plan.early_load and "constexpr bool kEarlyLoad = true;" in source
         assert "if (w.count == 0) mbar_wait(bar(bars, kBarKFull), 0), mbar_wait(bar(bars, kBarVFull), 0);" in bodies["consumer"]
