@@ -93,15 +93,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
             _LAUNCHERS[key] = launcher
-    tensors = (q, k_cache, v_cache) + (() if k_new is None else (k_new, v_new))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    # The per-call checks, written out: this is the hot path of a decode step (host time: bench/LOG.md d17).
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or (
+            k_new is not None and (k_new.requires_grad or v_new.requires_grad))):
         raise InputError(NO_BACKWARD)
-    if any(t.data_ptr() % 16 for t in tensors) or (sinks is not None and sinks.data_ptr() % 4):
-        _check_alignment(tensors)
+    if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16 or (k_new is not None and (
+            k_new.data_ptr() | v_new.data_ptr()) % 16) or (sinks is not None and sinks.data_ptr() % 4):
+        _check_alignment((q, k_cache, v_cache) + (() if k_new is None else (k_new, v_new)))
     if check:
         _check_lengths(cache_seqlens, page_table, k_cache.shape[0], k_cache.shape[1], 0 if k_new is None else q.shape[1])
     if out is None:
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
         _check_out(out, q)
         o = out
@@ -195,10 +197,24 @@ class DecodeLauncher:
         self._strides_set = False
         self._workspace: dict[int, tuple] = {}
         self._lock = threading.Lock()
+        from .launcher import launch_now
 
-    def _workspace_for(self, stream: int, device):
-        """(ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every launch, so
-        launches in order on one stream share them; another stream gets its own."""
+        self._launch_now = launch_now
+        # What a call writes, in the order __call__ lists the values; written only where they changed since the
+        # launcher's last call (a decode loop hands the same addresses back), as are o's strides.
+        h = self._holder
+        self._per_call = tuple(h[name] for name in self.PER_CALL)
+        self._gather_holders = (h["k_cache_gmem"], h["v_cache_gmem"]) if self._gathered else ()
+        self._o_holders = (h["o_batch_bytes"], h["o_row_bytes"], h["o_head_bytes"])
+        self._last_values, self._last_o_strides = None, None
+        self._map_slots = tuple((op, ctypes.addressof(h[f"tmap_{op}"])) for op in ("k", "v") if op in self._maps)
+
+    PER_CALL = ("q_gmem", "o_gmem", "lse_out", "cache_seqlens", "page_table", "sinks", "ws_o", "ws_lse",
+                "split_counter")
+
+    def _workspace_for(self, stream: int, device) -> tuple[int, int, int]:
+        """The addresses of (ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every
+        launch, so launches in order on one stream share them; another stream gets its own (kept alive here)."""
         ws = self._workspace.get(stream)
         if ws is None:
             import torch
@@ -206,48 +222,49 @@ class DecodeLauncher:
             tiles = self.batch * self.grid[1]
             rows = tiles * max(self.splits, 1) * self.plan.block_m
             split = self.splits > 1
-            ws = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
-                  torch.empty(rows if split else 0, dtype=torch.float32, device=device),
-                  torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
-            self._workspace[stream] = ws
-        return ws
+            tensors = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
+                       torch.empty(rows if split else 0, dtype=torch.float32, device=device),
+                       torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
+            ws = self._workspace[stream] = tuple(t.data_ptr() for t in tensors) + (tensors,)
+        return ws[:3]
 
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
-        from .launcher import launch_now
-
-        ws_o, ws_lse, counter = self._workspace_for(stream, q.device)
+        pages = 0 if page_table is None else page_table.data_ptr()
+        values = (q.data_ptr(), o.data_ptr(), 0 if lse is None else lse.data_ptr(), cache_seqlens.data_ptr(), pages,
+                  0 if sinks is None else sinks.data_ptr()) + self._workspace_for(stream, q.device)
+        o_strides = (o.stride(0), o.stride(1), o.stride(2))  # `out` may be any 16-byte strides
         with self._lock:
-            h = self._holder
-            for op, cache in (("k", k_cache), ("v", v_cache)) if self._maps else ():
-                encoded = self._maps[op].get(cache.data_ptr())
+            for op, address in self._map_slots:
+                encoded = self._maps[op].get(k_cache.data_ptr() if op == "k" else v_cache.data_ptr())
                 if self._loaded[op] is not encoded:
-                    ctypes.memmove(ctypes.addressof(h[f"tmap_{op}"]), encoded, len(encoded))
+                    ctypes.memmove(address, encoded, len(encoded))
                     self._loaded[op] = encoded
             if not self._strides_set:  # the call's key holds every stride but o's: set once
                 self._set_strides(q, k_cache, v_cache, k_new, v_new, page_table)
-            h["q_gmem"].value, h["o_gmem"].value = q.data_ptr(), o.data_ptr()
-            self._set_byte_strides(h, "o", o)  # `out` may be any 16-byte strides
+            if values != self._last_values:
+                for holder, value in zip(self._per_call, values):
+                    holder.value = value
+                self._last_values = values
+            if o_strides != self._last_o_strides:
+                for holder, stride in zip(self._o_holders, o_strides):
+                    holder.value = stride * self._elem_bytes
+                self._last_o_strides = o_strides
             if self._gathered:
-                h["k_cache_gmem"].value, h["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
-            h["lse_out"].value = 0 if lse is None else lse.data_ptr()
-            h["cache_seqlens"].value = cache_seqlens.data_ptr()
-            pages = 0 if page_table is None else page_table.data_ptr()
-            h["page_table"].value = pages
-            h["sinks"].value = 0 if sinks is None else sinks.data_ptr()
-            h["ws_o"].value, h["ws_lse"].value, h["split_counter"].value = ws_o.data_ptr(), ws_lse.data_ptr(), counter.data_ptr()
+                self._gather_holders[0].value, self._gather_holders[1].value = k_cache.data_ptr(), v_cache.data_ptr()
             if k_new is not None:
                 a = self._append_holder
                 a["k_new_gmem"].value, a["v_new_gmem"].value = k_new.data_ptr(), v_new.data_ptr()
                 a["k_cache_gmem"].value, a["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
-                a["cache_seqlens"].value, a["page_table"].value = cache_seqlens.data_ptr(), pages
+                a["cache_seqlens"].value, a["page_table"].value = values[3], pages
                 if self._append_launch is not None:
                     self._append_launch(stream, self._append_args)
                 else:
-                    launch_now(self.append_kernel, self._append_grid, self._append_threads, stream, self._append_args)
+                    self._launch_now(self.append_kernel, self._append_grid, self._append_threads, stream,
+                                     self._append_args)
             if self._launch is not None:
                 self._launch(stream, self._args)
             else:
-                launch_now(self.kernel, self.grid, self._threads, stream, self._args)
+                self._launch_now(self.kernel, self.grid, self._threads, stream, self._args)
 
     def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
         """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""
@@ -424,10 +441,10 @@ def _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table):
 def _check_out(out, q) -> None:
     import torch
 
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}")
-    if out.stride(-1) != 1 or out.data_ptr() % 16 or any(
-            out.shape[a] > 1 and (out.stride(a) * out.element_size()) % 16 for a in range(3)):
+    shape, strides, size = out.shape, out.stride(), out.element_size()
+    if strides[3] != 1 or out.data_ptr() % 16 or any(shape[a] > 1 and strides[a] * size % 16 for a in range(3)):
         raise InputError("out's head dimension must be contiguous, its other strides multiples of 16 bytes, and its "
                          "data pointer 16-byte aligned")
 

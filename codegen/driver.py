@@ -121,8 +121,8 @@ class PackedArgs:
     holders: tuple
     pointers: object
 
-    @property
-    def address(self) -> int:
+    @functools.cached_property
+    def address(self) -> int:  # looked up on every launch
         return ctypes.addressof(self.pointers)
 
 

@@ -321,7 +321,7 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
     call = decode.DecodeLauncher(built, "attend", "append", {} if gather else {"k": None, "v": None}, 2, 1, 0.1)
     if not gather:  # the TMA kernel's maps, one encoding per cache address
         call._maps = {op: type("Maps", (), {"get": lambda self, address: bytes(128)})() for op in ("k", "v")}
-    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
     q, k, v = _Tensor(100, (999, 99, 9)), _Tensor(300, (1000, 100, 10)), _Tensor(400, (2000, 200, 20))
     k_new, v_new, table = _Tensor(500, (11, 12, 13)), _Tensor(600, (21, 22, 23)), _Tensor(700, (77,))
     for o, lengths in ((_Tensor(200, (555, 55, 5)), _Tensor(800)), (_Tensor(201, (444, 44, 4)), _Tensor(801))):
@@ -366,21 +366,21 @@ def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatc
     q, o = _Tensor(100, (999, 99, 9)), _Tensor(200, (555, 55, 5))
     for splits in (1, 4, 16):
         call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1)
-        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
         call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
     assert clusters == [("attend", plan.grid(2, 4), plan.threads, (4, 1, 1), False)]
     assert plain == [("attend", plan.grid(2, 1)), ("attend", plan.grid(2, 16))]
     clusters.clear()
     for splits in (1, 4, 16):  # overlapped (the API's default): every launch by cuLaunchKernelEx
         call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1, overlap=True)
-        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
         call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
     # a cluster launch is not overlapped (slower back to back: bench/LOG.md d14)
     assert clusters == [("attend", plan.grid(2, n), plan.threads, c, c is None)
                         for n, c in ((1, None), (4, (4, 1, 1)), (16, None))]
     clusters.clear()  # with appends: the append kernel is overlapped too, launched first
     call = decode.DecodeLauncher(built, "attend", "append", {}, 2, 1, 0.1, overlap=True)
-    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (_Tensor(7), _Tensor(8), _Tensor(9)))
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
     new = _Tensor(500, (11, 12, 13))
     call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), new, new, None, o, None)
     assert clusters == [("append", plan.append_grid(2), plan.append_threads, None, True),
