@@ -1,9 +1,12 @@
 """Where a decode call's time goes: host per call, GPU per call behind a sleep or not, with events per call or not, and a profile.
 
-    PYTHONPATH=. python3 scripts/decode_host_probe.py   (GPU; bench/LOG.md d17)
+    python3 scripts/decode_host_probe.py   (on the GPU machine; bench/LOG.md d17)
 """
-import cProfile, pstats, io, sys, time, statistics
-sys.path.insert(0, ".")
+import cProfile, io, pathlib, pstats, statistics, sys, time
+
+# The checkout's root on the path (codegen/ where it is not installed): no PYTHONPATH=.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
 import torch
 import codegen
 from codegen import launcher as L
