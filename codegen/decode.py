@@ -195,7 +195,7 @@ class DecodeLauncher:
         self._append_launch = (ConfiguredLaunch(append_kernel, self._append_grid, self._append_threads, None, True)
                                if self.overlap else None)
         self._strides_set = False
-        self._workspace: dict[int, tuple] = {}
+        self._workspace: dict[int, tuple] = {}  # stream -> (addresses, the tensors at them)
         self._lock = threading.Lock()
         from .launcher import launch_now
 
@@ -203,14 +203,14 @@ class DecodeLauncher:
         # What a call writes, in the order __call__ lists the values; written only where they changed since the
         # launcher's last call (a decode loop hands the same addresses back), as are o's strides.
         h = self._holder
-        self._per_call = tuple(h[name] for name in self.PER_CALL)
-        self._gather_holders = (h["k_cache_gmem"], h["v_cache_gmem"]) if self._gathered else ()
+        self._per_call = tuple(h[name] for name in self.PER_CALL + (self.GATHER_PER_CALL if self._gathered else ()))
         self._o_holders = (h["o_batch_bytes"], h["o_row_bytes"], h["o_head_bytes"])
         self._last_values, self._last_o_strides = None, None
         self._map_slots = tuple((op, ctypes.addressof(h[f"tmap_{op}"])) for op in ("k", "v") if op in self._maps)
 
     PER_CALL = ("q_gmem", "o_gmem", "lse_out", "cache_seqlens", "page_table", "sinks", "ws_o", "ws_lse",
                 "split_counter")
+    GATHER_PER_CALL = ("k_cache_gmem", "v_cache_gmem")  # a gathering kernel reads the caches by address
 
     def _workspace_for(self, stream: int, device) -> tuple[int, int, int]:
         """The addresses of (ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every
@@ -225,13 +225,14 @@ class DecodeLauncher:
             tensors = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
                        torch.empty(rows if split else 0, dtype=torch.float32, device=device),
                        torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
-            ws = self._workspace[stream] = tuple(t.data_ptr() for t in tensors) + (tensors,)
-        return ws[:3]
+            ws = self._workspace[stream] = (tuple(t.data_ptr() for t in tensors), tensors)
+        return ws[0]
 
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
         pages = 0 if page_table is None else page_table.data_ptr()
         values = (q.data_ptr(), o.data_ptr(), 0 if lse is None else lse.data_ptr(), cache_seqlens.data_ptr(), pages,
-                  0 if sinks is None else sinks.data_ptr()) + self._workspace_for(stream, q.device)
+                  0 if sinks is None else sinks.data_ptr()) + self._workspace_for(stream, q.device) + (
+                  (k_cache.data_ptr(), v_cache.data_ptr()) if self._gathered else ())
         o_strides = (o.stride(0), o.stride(1), o.stride(2))  # `out` may be any 16-byte strides
         with self._lock:
             for op, address in self._map_slots:
@@ -249,8 +250,6 @@ class DecodeLauncher:
                 for holder, stride in zip(self._o_holders, o_strides):
                     holder.value = stride * self._elem_bytes
                 self._last_o_strides = o_strides
-            if self._gathered:
-                self._gather_holders[0].value, self._gather_holders[1].value = k_cache.data_ptr(), v_cache.data_ptr()
             if k_new is not None:
                 a = self._append_holder
                 a["k_new_gmem"].value, a["v_new_gmem"].value = k_new.data_ptr(), v_new.data_ptr()
