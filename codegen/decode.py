@@ -40,7 +40,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None,
-                           ctas_per_sm: int = 0, pdl: bool = True):
+                           ctas_per_sm: int = 0, pdl: bool = True, swap: bool | None = None):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
@@ -63,7 +63,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth. `pdl` (default True) launches the
     kernel(s) by programmatic dependent launch where the splits are not one cluster: a call's CTAs may start while
     the stream's previous kernel finishes, and wait for its writes before they read any input, so kernels back to
-    back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14).
+    back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14). `swap` (None: chosen)
+    True runs the swapped products (S^T = K Q^T, O^T = V^T P^T: the packed rows as wgmma's N, for tiles of up to
+    16 rows), False the plain ones (the rows as wgmma's M of 64); chosen where they apply (bench/LOG.md d18).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -81,14 +83,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather, ctas_per_sm, bool(pdl))
+               gather, ctas_per_sm, bool(pdl), swap)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
                                   window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm,
-                                  bool(pdl))
+                                  bool(pdl), swap)
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -297,7 +299,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True, swap=None) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -329,6 +331,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(f"num_splits must be 0 (chosen for the shape) or 1..{MAX_SPLITS}, got {num_splits!r}")
     if not isinstance(ctas_per_sm, int) or ctas_per_sm not in (0,) + CTAS_PER_SM:
         raise InputError(f"ctas_per_sm must be 0 (chosen for the shape) or one of {CTAS_PER_SM}, got {ctas_per_sm!r}")
+    if swap not in (None, True, False):
+        raise InputError(f"swap must be True, False or None (chosen for the shape), got {swap!r}")
     if q.device.type != "cuda":
         raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
     try:
@@ -339,7 +343,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                           dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                           window=tuple(window) if window else (-1, -1), softcap=float(softcap), block_n=block_n,
                           stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
-                          ctas_per_sm=ctas_per_sm or 1)
+                          ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap))
         one_cta = resolve(spec.replace(ctas_per_sm=1))
         plan = Plan(one_cta)
         if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:

@@ -129,6 +129,7 @@ class FragmentC:
     row_half_c: str  # over `i`: 0 or 1, which of a thread's two rows value i belongs to
     row_half_stride: int  # the register index step from a thread's first row to its second
     row_lane_masks: tuple[int, ...]  # lane XOR masks that reach every lane holding the same rows (a row reduction)
+    col_lane_masks: tuple[int, ...] = ()  # ... the same columns (a column reduction: the swapped decode's softmax)
 
 
 def bit_gather_c(layout: LinearLayout, out_dim: str, names: dict[str, str]) -> str:
@@ -170,8 +171,10 @@ def wgmma_accumulator_c(n: int = 256) -> FragmentC:
     (bit,) = row_bits
     # Lanes whose index differs only in bits that move the column (never the row) hold the same rows.
     lane_masks = tuple(1 << b for b, image in enumerate(acc.bases["lane"]) if not image["row"])
+    col_masks = tuple(1 << b for b, image in enumerate(acc.bases["lane"]) if not image["col"])
     return FragmentC(row_c=bit_gather_c(acc, "row", names), col_c=bit_gather_c(acc, "col", names),
-                     row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit, row_lane_masks=lane_masks)
+                     row_half_c=f"((i >> {bit}) & 1)", row_half_stride=1 << bit, row_lane_masks=lane_masks,
+                     col_lane_masks=col_masks)
 
 
 def address_bases(offsets_of, values) -> tuple[tuple[int, int, int], ...]:

@@ -224,7 +224,8 @@ def slice_descriptors(tile: OperandDerivation, *, major: str, row_name: str, k_n
     ``row0``: one per K slice starting at each of ``slices``, for a tile placed at shared address 0."""
     at = lambda **c: int(tile.layout(**{row_name: row0, k_name: 0, **c}))
     if major == "K":
-        sbo = at(**{row_name: row0 + 8}) - at()  # next 8-row group along M/N
+        # SBO: next 8-row group along M/N; a footprint of one group (N = 8) never uses it: the atom's own stride.
+        sbo = at(**{row_name: row0 + 8}) - at() if tile.coords[row_name] > row0 + 8 else 8 * tile.swizzle.span_bytes
         lbo = 16                                 # unused for swizzled K-major; PTX: "assumed to be 1"
     else:
         sbo = at(**{k_name: 8}) - at()           # next 8-row group along K

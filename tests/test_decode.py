@@ -58,6 +58,52 @@ def test_kernels_compile_without_spills(kw):
     assert manifest["grid"]["x"] == "splits"
 
 
+def test_tiles_of_few_rows_take_the_swapped_products_with_verified_reads():
+    p = plan_of(heads=32, kv_heads=8, head_dim=128)  # 4 packed rows
+    assert p.spec.swap and p.swap_n == 8 and p.spec.name.endswith("_st2_swap")
+    assert plan_of(heads=32, kv_heads=8, head_dim=128, q_len=4).swap_n == 16
+    assert plan_of(heads=4, kv_heads=1, head_dim=128, q_len=3).swap_n == 16  # 12 rows, 4 padding columns
+    for plain in (dict(heads=32, kv_heads=8, head_dim=128, q_len=5), dict(heads=32, kv_heads=8, head_dim=96),
+                  dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2)):  # 80-key blocks
+        assert not plan_of(**plain).spec.swap and plan_of(**plain).swap_n == 0, plain
+    assert not plan_of(heads=32, kv_heads=8, head_dim=128, swap=False).spec.swap
+    # the four reads: K and V in 64-row windows as A, Q and P^T as B with N = 8
+    assert [r.major for r in p.k_as_a] == ["K", "K"] and [r.row0 for r in p.k_as_a] == [0, 64]
+    assert [(r.major, r.transpose) for r in p.v_as_a] == [("MN", 1), ("MN", 1)]
+    assert (p.q_as_b.major, p.q_as_b.rows, p.pt_as_b.major, p.pt_as_b.rows) == ("K", 8, "K", 8)
+    assert p.pt.coords == {"n": 8, "k": 128} and p.pt.smem_bytes == 8 * 128 * 2
+    # K's second window starts 64 rows (8 KB of 128-byte rows) into the tile, V's second 64 columns one atom block in
+    assert p.k_as_a[1].descriptor_objects()[0].start_address == 64 * 128
+    assert p.v_as_a[1].descriptor_objects()[0].start_address == 128 * 128
+    # each consumer's region (P^T, the column maxima and sums) sits past the rings, aligned for the P^T swizzle
+    smem = p.smem
+    assert smem.swap_offset >= smem.v_offset + p.spec.stages * smem.v_bytes and smem.swap_offset % p.pt.smem_align == 0
+    assert smem.swap_bytes == 2048 + 2 * 4 * 8 * 4 + 768 and smem.bar_offset >= smem.swap_offset + 2 * smem.swap_bytes
+    assert p.swap_stage_bytes == 8 * 128 * 4 <= smem.k_bytes
+
+
+@pytest.mark.parametrize("bad, match", [(dict(q_len=5), "at most 16 packed rows"), (dict(head_dim=96), "64-column"),
+                                        (dict(block_n=80), "64-key"), (dict(swap=1.5), "swap must be")])
+def test_swapped_products_refuse_tiles_they_do_not_fit(bad, match):
+    with pytest.raises(SpecError, match=match):
+        resolve(DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=128, swap=True), **bad}))
+
+
+@pytest.mark.parametrize("kw", [dict(heads=32, kv_heads=8, head_dim=128), dict(heads=32, kv_heads=8, head_dim=128, q_len=4),
+                                dict(heads=8, kv_heads=8, head_dim=64, page_size=16, window=(100, -1), softcap=30.0),
+                                dict(heads=16, kv_heads=8, head_dim=256, q_len=8, dtype="f16"),
+                                dict(heads=12, kv_heads=4, head_dim=192, ctas_per_sm=1),
+                                dict(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=2)])
+def test_swapped_kernels_compile_without_spills(kw):
+    built = build(DecodeSpec(**kw), family="decode_sm90")
+    name = built.rendered.kernel_name
+    assert name.endswith("_swap") or "_swap_" in name
+    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+    source = built.rendered.source
+    assert "wgmma.mma_async.sync.aligned.m64n%dk16" % built.plan.swap_n in source
+    assert "Swapped here" in source and "static __device__ __forceinline__ void finish_rows(" in source
+
+
 def test_paged_tiles_are_gathered_by_verified_loads():
     import layouts
     from layouts.paged import SubLoad, paged_tile

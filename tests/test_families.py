@@ -99,6 +99,7 @@ def test_row_reduction_lanes_come_from_the_fragment():
     from layouts import fragments
 
     assert fragments.wgmma_accumulator_c().row_lane_masks == (1, 2)
+    assert fragments.wgmma_accumulator_c().col_lane_masks == (4, 8, 16)  # the lanes of one column's rows
     source = render(families.make_plan(KernelSpec(seq_len=1024, heads=8, head_dim=64))).source
     assert "kRowLaneMasks[2] = {1, 2};" in source and "__shfl_xor_sync(0xffffffffu, new_max[h], 1)" not in source
 

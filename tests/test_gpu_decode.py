@@ -77,6 +77,37 @@ def test_decode_matches_float64(batch, sq, heads, kv_heads, dim, dtype, lengths,
     run_and_check(q, k, v, lengths, num_splits=num_splits)
 
 
+SWAPPED = [
+    # batch, S_q, H, H_kv, D, dtype, lengths, options: tiles of at most 16 packed rows (plan.SWAP_MAX_ROWS)
+    (4, 1, 32, 8, 128, torch.bfloat16, [0, 1, 128, 1000], {}),
+    (3, 4, 16, 4, 128, torch.float16, [1, 300, 1000], dict(window=(100, -1))),
+    (2, 2, 32, 8, 64, torch.bfloat16, [129, 1000], dict(softcap=30.0)),
+    (2, 1, 64, 8, 256, torch.bfloat16, [5, 1000], dict(causal=False)),
+    (2, 16, 8, 8, 192, torch.float16, [640, 1000], dict(window=(300, 0), softcap=10.0)),
+    (2, 3, 4, 1, 128, torch.bfloat16, [0, 999], {}),  # 12 rows: N = 16 with four padding columns
+]
+
+
+@pytest.mark.parametrize("batch, sq, heads, kv_heads, dim, dtype, lengths, options", SWAPPED)
+@pytest.mark.parametrize("swap", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 0, 5])
+def test_swapped_and_plain_products_match_float64(batch, sq, heads, kv_heads, dim, dtype, lengths, options, swap,
+                                                  num_splits):
+    from codegen import decode
+
+    k, v = make_cache(batch, 1000, kv_heads, dim, lengths, dtype, seed=7)
+    q = torch.randn(batch, sq, heads, dim, device="cuda", dtype=dtype)
+
+    def ran_swapped(**knobs):
+        decode._LAUNCHERS.clear()  # so that the call's launcher is the only one
+        run_and_check(q, k, v, lengths, num_splits=num_splits, **options, **knobs)
+        (launcher,) = decode._LAUNCHERS.values()
+        return launcher.plan.spec.swap
+
+    assert ran_swapped(swap=swap) is swap
+    assert ran_swapped() is True  # the default for a tile of at most 16 rows
+
+
 @pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1)), dict(window=(0, 0)),
                                      dict(softcap=30.0), dict(window=(300, -1), softcap=10.0)])
 def test_decode_masks_and_softcap(options):

@@ -6,6 +6,7 @@ model waits on what the kernel waits on."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -190,15 +191,17 @@ def test_a_split_with_no_block_waits_for_its_early_loads(monkeypatch):
 
     monkeypatch.setattr(protocol, "programs", no_wait)
     with pytest.raises(ProtocolError, match="exchange wrote the K/V ring while . block 0's load"):
+        protocol.check(make_plan(REAL["1x2"].replace(swap=False)), 0, schedules=30)
+    with pytest.raises(ProtocolError, match="staged its rows in K slot 0 while block 0's load"):
         protocol.check(make_plan(REAL["1x2"]), 0, schedules=30)
 
 
 def test_the_model_waits_on_what_the_kernel_waits_on():
-    for name in ("1x2", "2x1"):
-        plan = make_plan(REAL[name])
+    for spec in (REAL["1x2"], REAL["1x2"].replace(swap=False), REAL["2x1"]):
+        plan = make_plan(spec)
         source = render(plan, families.get("decode_sm90")).source
         bodies = {fn: re.search(rf"__forceinline__ \w+ {fn}\((.*?)\n}}\n", source, flags=re.S).group(1)
-                  for fn in ("producer", "consumer")}
+                  for fn in ("producer", "consumer", "finish_rows")}
 
         def waited(fn):
             return {m for m in re.findall(r"mbar_wait\(bar\(bars, kBar(\w+)", bodies[fn])}
@@ -211,7 +214,13 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
         # the groups the model runs are the kernel's, and the exchange it models is the consumer's merge
         assert f"kStages = {plan.spec.stages}," in source
         assert f"kRowGroups = {plan.row_groups}, kKeyGroups = {plan.key_groups};" in source
-        assert "if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups(" in bodies["consumer"]
+        assert "if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups(" in bodies["finish_rows"]
+        assert bodies["consumer"].rstrip().endswith("finish_rows(args, w, smem, o, row_max, row_sum, rows, scale_log2, "
+                                                    "key_group, row_group, lane, tid);")
+        # the swapped consumer stages its rows in K slot `key group`, as the model's stage steps say
+        staged = "const u32 stage = smem + cfg::kKOffset + key_group * cfg::kKBytes;" in bodies["consumer"]
+        assert staged == bool(plan.spec.swap) == any(s.use.startswith("stage write")
+                                                     for s in protocol.programs(plan, 3)["consumer0"] if s.kind == "use")
         # the producer arms each slot's full barriers through load_block, which the early load shares
         load_block = re.search(r"__forceinline__ void load_block\((.*?)\n}\n", source, flags=re.S).group(1)
         assert "load_block<false>(" in bodies["producer"] and "load_block<true>(" in bodies["producer"]
@@ -289,3 +298,25 @@ def test_a_completion_nothing_waits_for_is_refused():
     run(progs, **TOY)  # immediate: nothing to wait for
     with pytest.raises(ProtocolError, match="still in flight when every role has finished .*nothing waits for it"):
         run(progs, **TOY, async_completions=True)
+
+
+def test_the_swapped_rows_are_staged_in_a_slot_no_load_reaches(monkeypatch):
+    """Key group g stages its rows in K slot g, which only its own blocks use: every schedule passes. Staged in the
+    other group's slot, the model finds the load or the read it would clobber."""
+    plan = make_plan(REAL["1x2"])
+    assert plan.spec.swap and plan.key_groups == 2
+    for count in (0, 1, 2, 3, 5, 8):
+        protocol.check(plan, count, schedules=40)
+    real = protocol.programs
+
+    def other_slot(plan, count, **kwargs):
+        def moved(step):
+            if step.kind != "use" or not step.use.startswith("stage "):
+                return step
+            verb, c, s = step.use.split()[1:]
+            return dataclasses.replace(step, use=f"stage {verb} {c} {1 - int(s)}")
+        return {role: [moved(s) for s in steps] for role, steps in real(plan, count, **kwargs).items()}
+
+    monkeypatch.setattr(protocol, "programs", other_slot)
+    with pytest.raises(ProtocolError, match="staged its rows in K slot|staged rows|holding nothing"):
+        protocol.check(plan, 6, schedules=60)

@@ -48,6 +48,20 @@ def summary(plan: Plan) -> str:
             + (f", {s.ctas_per_sm} CTAs per SM" if s.ctas_per_sm > 1 else ""))
 
 
+def swapped_products(plan: Plan) -> dict | None:
+    """The swapped consumer's template values (None where the plan is plain): N, each verified read's descriptors
+    and transpose bit, the P^T tile's offset formula and its shared-memory region."""
+    if not plan.spec.swap:
+        return None
+    fragments.check_accumulator_prefix(plan.swap_n)
+    plan.swap_stage_bytes  # asserts a K ring slot holds the rows' O
+    return {"n": plan.swap_n, "region": plan.swap_region, "pt_offset_c": plan.pt.formula_c,
+            "k_desc": [r.descriptors() for r in plan.k_as_a], "v_desc": [r.descriptors() for r in plan.v_as_a],
+            "q_desc": plan.q_as_b.descriptors(), "pt_desc": plan.pt_as_b.descriptors(),
+            "k_trans": plan.k_as_a[0].transpose, "v_trans": plan.v_as_a[0].transpose,
+            "q_trans": plan.q_as_b.transpose, "pt_trans": plan.pt_as_b.transpose}
+
+
 def context(plan: Plan) -> dict:
     s = plan.spec
     fragments.check_accumulator_prefix(s.block_n)
@@ -105,6 +119,7 @@ def context(plan: Plan) -> dict:
         "k_offset_c": plan.k.formula_c,
         "v_offset_c": plan.v.formula_c,
         "acc": fragments.wgmma_accumulator_c(),
+        "swap": swapped_products(plan),
         "tma_rank": tma_rank,
         "tma_tiles": tma_tiles,
         "paged_tiles": paged_tiles,

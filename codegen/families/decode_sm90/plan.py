@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import layouts
+from layouts.operands import WGMMA_M, TileRead, read_tile
 from layouts.paged import PagedTile, paged_tile
 
 from codegen.abi import KernelABI, SiblingKernel
@@ -82,6 +83,12 @@ WARP_THREADS = 32
 # widened fetches cost L2 lookups that capped the stream at 4.0 TB/s; 128 read 4.33-4.51 TB/s, 1.00-1.01x cuDNN
 # at 32 x 8k, 128 x 8k and 8 x 32k where 256 gave 0.93-0.94x in the same run (bench/LOG.md, "Decode", d5).
 KV_L2_PROMOTION_BYTES = 128
+# Tiles of at most this many packed rows run the swapped products (DecodeSpec.swap): S^T = K Q^T and O^T = V^T P^T,
+# keys and then the head dim as wgmma's M, the rows (rounded up to 8) as its N, P^T through shared memory. The
+# plain S = Q K^T pads the rows to wgmma's M of 64, so at S_q = 1 and 4 query heads per K/V head it computes 16x
+# the scores and exponentials it keeps, and batch-1 CTAs streamed at ~57 GB/s an SM behind that (bench/LOG.md d16).
+SWAP_MAX_ROWS = 16
+SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class DecodeSpec:
     block_n: int = 0      # 0: DEFAULT_BLOCK_N
     stages: int = 0       # 0: as many as fit
     ctas_per_sm: int = 1  # CTAS_PER_SM: 2 runs one consumer warpgroup per CTA, two CTAs per SM
+    swap: bool | None = None  # the swapped products (SWAP_MAX_ROWS); None: where they apply (resolve)
     arch: str = "sm_90a"
 
     family = "decode_sm90"  # its kernel family (codegen.families.family_for), not a field
@@ -134,6 +142,14 @@ class DecodeSpec:
              f"{self.rows} (query heads per K/V head x S_q)")
         need(self.ctas_per_sm == 1 or self.head_dim in TWO_CTA_BLOCK_N,
              f"two CTAs per SM fit head dims {', '.join(map(str, TWO_CTA_BLOCK_N))}, not {self.head_dim}")
+        need(self.swap in (None, True, False), f"swap must be True, False or None (chosen), got {self.swap!r}")
+        need(not self.swap or self.rows <= SWAP_MAX_ROWS,
+             f"the swapped products take tiles of at most {SWAP_MAX_ROWS} packed rows (query heads per K/V head x "
+             f"S_q); this one packs {self.rows}")
+        need(not self.swap or self.head_dim % WGMMA_M == 0,
+             f"the swapped products take head dims in whole {WGMMA_M}-column windows (O^T's M), not {self.head_dim}")
+        need(not self.swap or self.block_n % WGMMA_M == 0,
+             f"the swapped products take key blocks in whole {WGMMA_M}-key windows (S^T's M), not {self.block_n}")
 
     @property
     def group(self) -> int:
@@ -155,7 +171,9 @@ class DecodeSpec:
 
     @property
     def name(self) -> str:
-        extras = "" if self.window == (-1, -1) else "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
+        extras = "_swap" if self.swap else ""
+        if self.window != (-1, -1):
+            extras += "_win" + "_".join("inf" if w < 0 else str(w) for w in self.window)
         if self.softcap:
             extras += "_cap" + f"{self.softcap:g}".replace(".", "p")
         if self.page_size:
@@ -186,12 +204,28 @@ class SmemMap:
     bar_offset: int
     flag_offset: int  # one int: whether this CTA merges its tile's splits
     total: int
+    swap_offset: int = 0  # the swapped products: each consumer's SwapRegion, swap_bytes apart
+    swap_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SwapRegion:
+    """A consumer's shared memory for the swapped products: its P^T tile (O^T's B), then its warps' column maxima
+    and column sums (4 x N floats each). At the end its rows' O changes fragment layout through its own K ring slot
+    (Plan.swap_stage_bytes)."""
+    pt_offset: int
+    stats_offset: int
+    sums_offset: int
+    bytes: int
 
 @functools.lru_cache(maxsize=256)
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather else TWO_CTA_BLOCK_N
     block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
     spec = spec.replace(block_n=block_n)
+    if spec.swap is None:
+        spec = spec.replace(swap=spec.rows <= SWAP_MAX_ROWS and spec.head_dim % WGMMA_M == 0
+                            and block_n % WGMMA_M == 0)
     if spec.gather and block_n > MAX_GATHER_BLOCK_N:
         raise SpecError(f"{spec.name}: a gathered block is at most {MAX_GATHER_BLOCK_N} keys (a lane of each producer "
                         f"warp holds one row's page), got block_n {block_n}")
@@ -350,7 +384,7 @@ class Plan:
 
     @property
     def smem_align(self) -> int:
-        return max(op.smem_align for op in (self.q, self.k, self.v))
+        return max(op.smem_align for op in (self.q, self.k, self.v) + ((self.pt,) if self.spec.swap else ()))
 
     @property
     def fits(self) -> bool:
@@ -367,6 +401,11 @@ class Plan:
             offset = _align(offset, op.smem_align)
             placed[name] = offset
             offset += count * op.smem_bytes
+        swap_offset = swap_bytes = 0
+        if self.swap_region:
+            swap_offset = offset = _align(offset, self.pt.smem_align)
+            swap_bytes = self.swap_region.bytes
+            offset += self.consumers * swap_bytes
         bar_offset = _align(offset, MBARRIER_ALIGN)
         flag_offset = bar_offset + self.abi.barriers.bytes
         total = flag_offset + 8 + SMEM_ALIGN_SLACK
@@ -379,7 +418,60 @@ class Plan:
             raise SpecError(f"{s.name}: the key groups' exchange of {self.exchange_bytes} bytes does not fit the "
                             f"{rings}-byte K/V rings")
         return SmemMap(placed["q"], self.q.smem_bytes, placed["k"], self.k.smem_bytes, placed["v"], self.v.smem_bytes,
-                       bar_offset, flag_offset, total)
+                       bar_offset, flag_offset, total, swap_offset, swap_bytes)
+
+    # ----- the swapped products (DecodeSpec.swap; each read verified by layouts.operands.read_tile) -----
+
+    @property
+    def swap_n(self) -> int:
+        """N of the swapped products: the tile's rows rounded up to wgmma's step (0: not swapped)."""
+        return -(-self.spec.rows // SWAP_N_STEP) * SWAP_N_STEP if self.spec.swap else 0
+
+    @cached_property
+    def pt(self) -> layouts.OperandDerivation:
+        """P^T of one key block: the tile's swap_n rows by the block's keys, keys contiguous (a K-major B, staged
+        as a K tile with the keys as its columns)."""
+        return _derive("k", self.spec.arch, self.spec.block_n, self.swap_n, self.spec.dtype)
+
+    @cached_property
+    def k_as_a(self) -> tuple[TileRead, ...]:
+        """K as the A of S^T = K Q^T: 64-key windows of the block (M), K over the head dim."""
+        return tuple(read_tile(self.k, row_name="n", k_name="k", rows=WGMMA_M, row0=WGMMA_M * w)
+                     for w in range(self.spec.block_n // WGMMA_M))
+
+    @cached_property
+    def q_as_b(self) -> TileRead:
+        """Q as the B of S^T: N = the tile's first swap_n rows, K over the head dim."""
+        return read_tile(self.q, row_name="m", k_name="k", rows=self.swap_n)
+
+    @cached_property
+    def v_as_a(self) -> tuple[TileRead, ...]:
+        """V as the A of O^T = V^T P^T: 64-column windows of the head dim (M), K over the block's keys (MN-major:
+        wgmma's transpose bit reads V as V^T)."""
+        return tuple(read_tile(self.v, row_name="n", k_name="k", rows=WGMMA_M, row0=WGMMA_M * w)
+                     for w in range(self.spec.head_dim // WGMMA_M))
+
+    @cached_property
+    def pt_as_b(self) -> TileRead:
+        """P^T as the B of O^T: N = the tile's swap_n rows, K over the block's keys."""
+        return read_tile(self.pt, row_name="n", k_name="k", rows=self.swap_n)
+
+    @cached_property
+    def swap_region(self) -> SwapRegion | None:
+        if not self.spec.swap:
+            return None
+        stats = WARPS_PER_WARPGROUP * self.swap_n * 4
+        pt_bytes = self.pt.smem_bytes
+        return SwapRegion(0, pt_bytes, pt_bytes + stats, _align(pt_bytes + 2 * stats, self.pt.smem_align))
+
+    @property
+    def swap_stage_bytes(self) -> int:
+        """The rows' O as swap_n x head_dim floats (row-major), staged in a K ring slot at the end: key group g's
+        blocks sit in slots of g's parity (the stages are a multiple of the key groups), so slot g is idle once g
+        is past its last block."""
+        stage = self.swap_n * self.spec.head_dim * 4
+        assert stage <= self.k.smem_bytes, "a K ring slot holds the swapped rows' O in f32"
+        return stage
 
     @property
     def exchange_bytes(self) -> int:
@@ -414,7 +506,7 @@ class Plan:
 
     @cached_property
     def desc_address_shift(self) -> int:
-        return descriptor_address_shift((self.q, self.k, self.v))
+        return descriptor_address_shift((self.q, self.k, self.v) + ((self.pt,) if self.spec.swap else ()))
 
     mapped_operands = ("k", "v")  # q and o are read and written without tensor maps
 

@@ -23,6 +23,9 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
   writes over the ring or the CTA exits.
 * Q: each row group's tile is written by its key groups together (copy_q, at kernel entry), then a named-barrier
   rendezvous (wait_q), whether or not the split has key blocks.
+* The swapped consumer (plan.spec.swap; consumer_swapped.j2) past its blocks writes its rows' O into K slot `key
+  group` and reads it back in the plain fragment layout (plan.swap_stage_bytes); no load may be in flight into that
+  slot, its block must have been read, and no load may follow into it while the rows are there.
 * With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment, row maxima and sums over
   the K/V ring memory and signals, the first syncs and reads them.
 
@@ -83,6 +86,8 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
             steps += [use(f"PV {c} {j} {s}"), use(f"PV done {c} {j}"), arrive(f"VEmpty[{s}]", WARPS_PER_WARPGROUP)]
         if plan.early_load and count == 0:  # the early loads land before the ring is reused (or the CTA exits)
             steps += [wait("KFull[0]", 0), wait("VFull[0]", 0)]
+        if plan.spec.swap:  # the rows' O through K slot `key group`, to the plain fragment layout
+            steps += [use(f"stage write {c} {kg}"), use(f"stage read {c} {kg}")]
         if keys > 1:  # merge_key_groups (two key groups: one row group)
             steps += _rendezvous(f"RowGroup{rg}.merge", kg, 1 - kg)
             if kg == 1:
@@ -109,6 +114,7 @@ class _State:
     read: dict = field(default_factory=dict)       # ("QK", block) -> consumers whose wgmma on it completed
     q_parts: dict = field(default_factory=dict)    # row group -> key groups that wrote their share of its Q
     exchange: set = field(default_factory=set)     # row groups whose exchange was written
+    staged: dict = field(default_factory=dict)     # K slot -> the swapped consumer whose rows it holds
 
     def readers(self, j: int) -> set:
         rows, keys = self.plan.row_groups, self.plan.key_groups
@@ -123,6 +129,8 @@ def _apply_use(state: _State, what: str) -> None:
         reader = "QK" if op == "K" else "PV"
         if state.exchange:
             raise ProtocolError(f"{op} block {j}'s load into slot {s} over the key groups' exchange")
+        if op == "K" and s in state.staged:
+            raise ProtocolError(f"K block {j}'s load into slot {s} over consumer {state.staged[s]}'s staged rows")
         if (op, s) in state.loading:
             raise ProtocolError(f"{op} slot {s} loaded with block {j} while block {state.loading[op, s]}'s load "
                                 "is still in flight")
@@ -170,6 +178,19 @@ def _apply_use(state: _State, what: str) -> None:
                     raise ProtocolError(f"the key groups' exchange wrote the K/V ring before every {reader} of block "
                                         f"{j} had read it")
         state.exchange.add(rg)
+    elif w[0] == "stage":
+        c, s = int(w[2]), int(w[3])
+        if w[1] == "read":
+            assert state.staged.get(s) == c, (what, state.staged)
+            del state.staged[s]
+            return
+        if ("K", s) in state.loading:
+            raise ProtocolError(f"consumer {c} staged its rows in K slot {s} while block {state.loading['K', s]}'s "
+                                "load into it was in flight")
+        held = state.block.get(("K", s))
+        if held is not None and held < state.count and state.read.get(("QK", held), set()) != state.readers(held):
+            raise ProtocolError(f"consumer {c} staged its rows in K slot {s} before every QK of block {held} read it")
+        state.block["K", s], state.staged[s] = None, c
     elif w[0] == "exchange" and w[1] == "read":
         if int(w[2]) not in state.exchange:
             raise ProtocolError(f"row group {w[2]}'s first key group read the exchange before the second wrote it")
