@@ -40,8 +40,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None,
-                           ctas_per_sm: int = 0, pdl: bool = True, swap: bool | None = None,
-                           key_groups: int = 0):
+                           ctas_per_sm: int = 0, pdl: bool = True, swap: bool | None = None):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
@@ -67,7 +66,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14). `swap` (None: chosen)
     True runs the swapped products (S^T = K Q^T, O^T = V^T P^T: the packed rows as wgmma's N, for tiles of up to
     16 rows), False the plain ones (the rows as wgmma's M of 64); chosen where they apply (bench/LOG.md d18).
-    `key_groups` (0: chosen) sets the consumer warpgroups that take alternate key blocks (up to 4 swapped, 2 plain).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -85,14 +83,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather, ctas_per_sm, bool(pdl), swap, key_groups)
+               gather, ctas_per_sm, bool(pdl), swap)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
                                   window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm,
-                                  bool(pdl), swap, key_groups)
+                                  bool(pdl), swap)
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -123,7 +121,7 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     process (bench/LOG.md, "Decode", d11): 32 x 2k 0.970x -> 1.004x, pages of 4 0.720x -> 0.927x, of 16 0.952x ->
     0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
     waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
-    return 2 if spec.fits_two_ctas and spec.key_groups <= 1 and splits == 1 and tiles >= sms and waves_ok else 1
+    return 2 if spec.fits_two_ctas and splits == 1 and tiles >= sms and waves_ok else 1
 
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
@@ -301,8 +299,7 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True, swap=None,
-                   key_groups=0) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True, swap=None) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -346,8 +343,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                           dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                           window=tuple(window) if window else (-1, -1), softcap=float(softcap), block_n=block_n,
                           stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
-                          ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap),
-                          key_groups=key_groups)
+                          ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap))
         one_cta = resolve(spec.replace(ctas_per_sm=1))
         plan = Plan(one_cta)
         if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:

@@ -108,16 +108,6 @@ def test_swapped_and_plain_products_match_float64(batch, sq, heads, kv_heads, di
     assert ran_swapped() is True  # the default for a tile of at most 16 rows
 
 
-@pytest.mark.parametrize("key_groups, block_n", [(1, 0), (3, 0), (4, 64)])
-@pytest.mark.parametrize("num_splits", [1, 0, 5])
-def test_swapped_tiles_with_any_key_groups_match_float64(key_groups, block_n, num_splits):
-    lengths = [0, 1, 129, 700, 1000]  # splits with no block, one, and many of every group
-    k, v = make_cache(5, 1000, 8, 128, lengths, torch.bfloat16, seed=8)
-    q = torch.randn(5, 2, 32, 128, device="cuda", dtype=torch.bfloat16)
-    run_and_check(q, k, v, lengths, num_splits=num_splits, key_groups=key_groups, block_n=block_n,
-                  window=(500, -1), softcap=20.0)
-
-
 @pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1)), dict(window=(0, 0)),
                                      dict(softcap=30.0), dict(window=(300, -1), softcap=10.0)])
 def test_decode_masks_and_softcap(options):

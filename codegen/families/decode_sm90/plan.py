@@ -89,9 +89,6 @@ KV_L2_PROMOTION_BYTES = 128
 # the scores and exponentials it keeps, and batch-1 CTAs streamed at ~57 GB/s an SM behind that (bench/LOG.md d16).
 SWAP_MAX_ROWS = 16
 SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
-# Key groups (consumer warpgroups taking alternate blocks) a swapped tile may run: its consumers hold few registers,
-# so more of them fit, and each block's chain (QK, the column softmax, PV) is latency more than work.
-MAX_SWAP_KEY_GROUPS = 4
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,6 @@ class DecodeSpec:
     stages: int = 0       # 0: as many as fit
     ctas_per_sm: int = 1  # CTAS_PER_SM: 2 runs one consumer warpgroup per CTA, two CTAs per SM
     swap: bool | None = None  # the swapped products (SWAP_MAX_ROWS); None: where they apply (resolve)
-    key_groups: int = 0   # consumer warpgroups taking alternate key blocks; 0: chosen (Plan.key_groups)
     arch: str = "sm_90a"
 
     family = "decode_sm90"  # its kernel family (codegen.families.family_for), not a field
@@ -147,11 +143,6 @@ class DecodeSpec:
         need(self.ctas_per_sm == 1 or self.head_dim in TWO_CTA_BLOCK_N,
              f"two CTAs per SM fit head dims {', '.join(map(str, TWO_CTA_BLOCK_N))}, not {self.head_dim}")
         need(self.swap in (None, True, False), f"swap must be True, False or None (chosen), got {self.swap!r}")
-        need(isinstance(self.key_groups, int) and 0 <= self.key_groups <= MAX_SWAP_KEY_GROUPS,
-             f"key_groups must be 0 (chosen) or 1..{MAX_SWAP_KEY_GROUPS}, got {self.key_groups!r}")
-        need(self.key_groups <= 1 or (self.rows <= ROWS_PER_CONSUMER and self.ctas_per_sm == 1),
-             f"{self.key_groups} key groups share one row group's tile ({ROWS_PER_CONSUMER} rows at most; this one "
-             f"packs {self.rows}) in a CTA of its own (ctas_per_sm 1)")
         need(not self.swap or self.rows <= SWAP_MAX_ROWS,
              f"the swapped products take tiles of at most {SWAP_MAX_ROWS} packed rows (query heads per K/V head x "
              f"S_q); this one packs {self.rows}")
@@ -189,8 +180,6 @@ class DecodeSpec:
             extras += f"_page{self.page_size}" + ("_gather" if self.gather else "")
         if self.ctas_per_sm > 1:
             extras += f"_{self.ctas_per_sm}cta"
-        if self.key_groups:
-            extras += f"_kg{self.key_groups}"
         return (f"flashgen_decode_{self.arch}_h{self.heads}_kvh{self.kv_heads}_d{self.head_dim}_{self.dtype}"
                 f"_q{self.q_len}_{'causal' if self.causal else 'full'}_n{self.block_n or 'auto'}"
                 f"_st{self.stages or 'auto'}{extras}")
@@ -246,17 +235,13 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     # tests/test_protocol_decode.py reproduces it on the CPU: this family's protocol.py, run with TMA loads landing
     # in any order (codegen/protocol.py's async_completions), finds the aliased wait on every odd ring from
     # stages + 1 blocks on; the model where loads complete at once passes it.
-    if spec.key_groups > MAX_CONSUMERS and not spec.swap:
-        raise SpecError(f"{spec.name}: {spec.key_groups} key groups need the swapped products (tiles of at most "
-                        f"{SWAP_MAX_ROWS} rows); the plain ones run at most {MAX_CONSUMERS} consumer warpgroups")
     step = Plan(spec).key_groups
     if spec.stages % step:
         raise SpecError(f"{spec.name}: with {step} key groups the ring's stages must be a multiple of {step}")
     if not spec.stages:
-        first = -(-MIN_STAGES // step) * step  # the shallowest ring that is a multiple of the key groups
-        fitting = [n for n in range(first, MAX_STAGES + 1, step) if Plan(spec.replace(stages=n)).fits]
+        fitting = [n for n in range(MIN_STAGES, MAX_STAGES + 1, step) if Plan(spec.replace(stages=n)).fits]
         if not fitting:
-            raise SpecError(f"{spec.name}: {first} ring slots of {block_n} keys do not fit shared memory; "
+            raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
                             "use a smaller block_n")
         spec = spec.replace(stages=max(fitting))
     plan = Plan(spec)
@@ -282,8 +267,6 @@ class Plan:
         """Consumer warpgroups that share the rows and take alternate key blocks: two where the rows fit one
         warpgroup, so two blocks' QK, softmax and PV are in flight at once (one consumer alone kept the loads
         at 3.9-4.0 TB/s whatever the ring depth: bench/LOG.md, "Decode")."""
-        if self.spec.key_groups:
-            return self.spec.key_groups
         return 1 if self.spec.ctas_per_sm > 1 else MAX_CONSUMERS // self.row_groups
 
     @property
@@ -340,9 +323,6 @@ class Plan:
     def consumer_regs(self) -> int:
         if self.spec.ctas_per_sm > 1:
             return TWO_CTA_CONSUMER_REGS
-        if self.consumers > MAX_CONSUMERS:  # the file's share per thread left by the producer, in setmaxnreg's steps of 8
-            share = REGISTERS_PER_SM // THREADS_PER_WARPGROUP - self.producer_regs
-            return share // self.consumers // 8 * 8
         return GATHER_CONSUMER_REGS if self.spec.gather else CONSUMER_REGS
 
     @property
@@ -495,9 +475,9 @@ class Plan:
 
     @property
     def exchange_bytes(self) -> int:
-        """Where key groups merge: every group but the first leaves its O fragment, two row maxima and two partial row
-        sums per thread, over the idle K/V rings."""
-        return (self.key_groups - 1) * THREADS_PER_WARPGROUP * (self.spec.head_dim // 2 + 4) * 4
+        """Where key groups merge: the second's O fragment, two row maxima and two partial row sums per thread, over
+        the idle K/V rings."""
+        return THREADS_PER_WARPGROUP * (self.spec.head_dim // 2 + 4) * 4
 
     @property
     def q_vector_elems(self) -> int:

@@ -26,8 +26,8 @@ Every number comes from the plan: the ring's depth (spec.stages), the groups, an
 * The swapped consumer (plan.spec.swap; consumer_swapped.j2) past its blocks writes its rows' O into K slot `key
   group` and reads it back in the plain fragment layout (plan.swap_stage_bytes); no load may be in flight into that
   slot, its block must have been read, and no load may follow into it while the rows are there.
-* With key groups, merge_key_groups: all rendezvous, every group but the first writes its O fragment, row maxima
-  and sums over the K/V ring memory and signals, the first syncs on each and reads them.
+* With two key groups, merge_key_groups: both rendezvous, the second writes its O fragment, row maxima and sums over
+  the K/V ring memory and signals, the first syncs and reads them.
 
 `_apply_use` refuses: a load into a slot before every reader of its previous block is done with it; a QK, PV
 or tail zeroing that finds its slot not holding its block landed (a load still in flight, or an older block); a
@@ -52,10 +52,9 @@ from .plan import WARPS_PER_WARPGROUP, Plan
 __all__ = ["ProtocolError", "Step", "arrivals", "check", "programs"]
 
 
-def _rendezvous(name: str, me: int, groups: int) -> list[Step]:
-    """One side of a bar.sync `groups` warpgroups share: none passes before every other has arrived."""
-    others = [g for g in range(groups) if g != me]
-    return [signal(f"{name}:{me}>{g}") for g in others] + [sync(f"{name}:{g}>{me}") for g in others]
+def _rendezvous(name: str, me: int, other: int) -> list[Step]:
+    """Both sides of a bar.sync two warpgroups share: neither passes before the other has arrived."""
+    return [signal(f"{name}:{me}>{other}"), sync(f"{name}:{other}>{me}")]
 
 
 def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Step]]:
@@ -77,7 +76,7 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
         steps = []
         steps.append(use(f"write Q {rg} {kg}"))  # copy_q, wait_q: the row group's key groups fill its Q tile, then sync
         if keys > 1:
-            steps += _rendezvous(f"RowGroup{rg}.q", kg, keys)
+            steps += _rendezvous(f"RowGroup{rg}.q", kg, 1 - kg)
         for j in range(kg, count, keys):
             s, lap = j % stages, j // stages
             steps += [wait(f"KFull[{s}]", lap), use(f"QK {c} {j} {s}"), use(f"QK done {c} {j}"),
@@ -89,12 +88,12 @@ def programs(plan: Plan, count: int, *, tail: bool = True) -> dict[str, list[Ste
             steps += [wait("KFull[0]", 0), wait("VFull[0]", 0)]
         if plan.spec.swap:  # the rows' O through K slot `key group`, to the plain fragment layout
             steps += [use(f"stage write {c} {kg}"), use(f"stage read {c} {kg}")]
-        if keys > 1:  # merge_key_groups (key groups share one row group)
-            steps += _rendezvous(f"RowGroup{rg}.merge", kg, keys)
-            if kg > 0:
-                steps += [use(f"exchange write {rg} {kg}"), signal(f"RowGroup{rg}.exchange:{kg}")]
+        if keys > 1:  # merge_key_groups (two key groups: one row group)
+            steps += _rendezvous(f"RowGroup{rg}.merge", kg, 1 - kg)
+            if kg == 1:
+                steps += [use(f"exchange write {rg}"), signal(f"RowGroup{rg}.exchange")]
             else:
-                steps += [sync(f"RowGroup{rg}.exchange:{g}") for g in range(1, keys)] + [use(f"exchange read {rg}")]
+                steps += [sync(f"RowGroup{rg}.exchange"), use(f"exchange read {rg}")]
         roles[f"consumer{c}"] = steps
     return roles
 
@@ -114,7 +113,7 @@ class _State:
     landed: set = field(default_factory=set)       # ("K", block) loads completed
     read: dict = field(default_factory=dict)       # ("QK", block) -> consumers whose wgmma on it completed
     q_parts: dict = field(default_factory=dict)    # row group -> key groups that wrote their share of its Q
-    exchange: set = field(default_factory=set)     # (row group, key group) exchanges written
+    exchange: set = field(default_factory=set)     # row groups whose exchange was written
     staged: dict = field(default_factory=dict)     # K slot -> the swapped consumer whose rows it holds
 
     def readers(self, j: int) -> set:
@@ -178,7 +177,7 @@ def _apply_use(state: _State, what: str) -> None:
                 if state.read.get((reader, j), set()) != state.readers(j):
                     raise ProtocolError(f"the key groups' exchange wrote the K/V ring before every {reader} of block "
                                         f"{j} had read it")
-        state.exchange.add((rg, int(w[3])))
+        state.exchange.add(rg)
     elif w[0] == "stage":
         c, s = int(w[2]), int(w[3])
         if w[1] == "read":
@@ -193,11 +192,8 @@ def _apply_use(state: _State, what: str) -> None:
             raise ProtocolError(f"consumer {c} staged its rows in K slot {s} before every QK of block {held} read it")
         state.block["K", s], state.staged[s] = None, c
     elif w[0] == "exchange" and w[1] == "read":
-        rg = int(w[2])
-        missing = [g for g in range(1, state.plan.key_groups) if (rg, g) not in state.exchange]
-        if missing:
-            raise ProtocolError(f"row group {rg}'s first key group read the exchange before key group {missing[0]} "
-                                "wrote it")
+        if int(w[2]) not in state.exchange:
+            raise ProtocolError(f"row group {w[2]}'s first key group read the exchange before the second wrote it")
     else:
         raise AssertionError(f"unknown use {what!r}")
 
