@@ -54,7 +54,6 @@ def swapped_products(plan: Plan) -> dict | None:
     if not plan.spec.swap:
         return None
     fragments.check_accumulator_prefix(plan.swap_n)
-    plan.swap_stage_bytes  # asserts a K ring slot holds the rows' O
     return {"n": plan.swap_n, "region": plan.swap_region, "pt_offset_c": plan.pt.formula_c,
             "k_desc": [r.descriptors() for r in plan.k_as_a], "v_desc": [r.descriptors() for r in plan.v_as_a],
             "q_desc": plan.q_as_b.descriptors(), "pt_desc": plan.pt_as_b.descriptors(),

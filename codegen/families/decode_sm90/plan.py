@@ -143,13 +143,20 @@ class DecodeSpec:
         need(self.ctas_per_sm == 1 or self.head_dim in TWO_CTA_BLOCK_N,
              f"two CTAs per SM fit head dims {', '.join(map(str, TWO_CTA_BLOCK_N))}, not {self.head_dim}")
         need(self.swap in (None, True, False), f"swap must be True, False or None (chosen), got {self.swap!r}")
-        need(not self.swap or self.rows <= SWAP_MAX_ROWS,
-             f"the swapped products take tiles of at most {SWAP_MAX_ROWS} packed rows (query heads per K/V head x "
-             f"S_q); this one packs {self.rows}")
-        need(not self.swap or self.head_dim % WGMMA_M == 0,
-             f"the swapped products take head dims in whole {WGMMA_M}-column windows (O^T's M), not {self.head_dim}")
-        need(not self.swap or self.block_n % WGMMA_M == 0,
-             f"the swapped products take key blocks in whole {WGMMA_M}-key windows (S^T's M), not {self.block_n}")
+        if self.swap:
+            why = self.swap_refusal(self.block_n)
+            need(why is None, f"the swapped products {why}")
+
+    def swap_refusal(self, block_n: int) -> str | None:
+        """Why the swapped products cannot run this tile with `block_n`-key blocks (0: not chosen yet), or None."""
+        if self.rows > SWAP_MAX_ROWS:
+            return (f"take tiles of at most {SWAP_MAX_ROWS} packed rows (query heads per K/V head x S_q); this one "
+                    f"packs {self.rows}")
+        if self.head_dim % WGMMA_M:
+            return f"take head dims in whole {WGMMA_M}-column windows (O^T's M), not {self.head_dim}"
+        if block_n % WGMMA_M:
+            return f"take key blocks in whole {WGMMA_M}-key windows (S^T's M), not {block_n}"
+        return None
 
     @property
     def group(self) -> int:
@@ -224,8 +231,7 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
-        spec = spec.replace(swap=spec.rows <= SWAP_MAX_ROWS and spec.head_dim % WGMMA_M == 0
-                            and block_n % WGMMA_M == 0)
+        spec = spec.replace(swap=spec.swap_refusal(block_n) is None)
     if spec.gather and block_n > MAX_GATHER_BLOCK_N:
         raise SpecError(f"{spec.name}: a gathered block is at most {MAX_GATHER_BLOCK_N} keys (a lane of each producer "
                         f"warp holds one row's page), got block_n {block_n}")
@@ -384,7 +390,12 @@ class Plan:
 
     @property
     def smem_align(self) -> int:
-        return max(op.smem_align for op in (self.q, self.k, self.v) + ((self.pt,) if self.spec.swap else ()))
+        return max(op.smem_align for op in self.staged_operands)
+
+    @property
+    def staged_operands(self) -> tuple[layouts.OperandDerivation, ...]:
+        """Every tile an MMA reads from shared memory: Q, K, V, and P^T where the products are swapped."""
+        return (self.q, self.k, self.v) + ((self.pt,) if self.spec.swap else ())
 
     @property
     def fits(self) -> bool:
@@ -436,8 +447,7 @@ class Plan:
     @cached_property
     def k_as_a(self) -> tuple[TileRead, ...]:
         """K as the A of S^T = K Q^T: 64-key windows of the block (M), K over the head dim."""
-        return tuple(read_tile(self.k, row_name="n", k_name="k", rows=WGMMA_M, row0=WGMMA_M * w)
-                     for w in range(self.spec.block_n // WGMMA_M))
+        return _m_windows(self.k, self.spec.block_n)
 
     @cached_property
     def q_as_b(self) -> TileRead:
@@ -448,8 +458,7 @@ class Plan:
     def v_as_a(self) -> tuple[TileRead, ...]:
         """V as the A of O^T = V^T P^T: 64-column windows of the head dim (M), K over the block's keys (MN-major:
         wgmma's transpose bit reads V as V^T)."""
-        return tuple(read_tile(self.v, row_name="n", k_name="k", rows=WGMMA_M, row0=WGMMA_M * w)
-                     for w in range(self.spec.head_dim // WGMMA_M))
+        return _m_windows(self.v, self.spec.head_dim)
 
     @cached_property
     def pt_as_b(self) -> TileRead:
@@ -506,7 +515,7 @@ class Plan:
 
     @cached_property
     def desc_address_shift(self) -> int:
-        return descriptor_address_shift((self.q, self.k, self.v) + ((self.pt,) if self.spec.swap else ()))
+        return descriptor_address_shift(self.staged_operands)
 
     mapped_operands = ("k", "v")  # q and o are read and written without tensor maps
 
@@ -553,6 +562,12 @@ def _paged(tile: layouts.OperandDerivation, page_rows: int) -> PagedTile:
         return paged_tile(tile, page_rows)
     except layouts.LayoutError as e:
         raise SpecError(str(e)) from None
+
+
+def _m_windows(tile: layouts.OperandDerivation, extent: int) -> tuple[TileRead, ...]:
+    """A tile read as wgmma's A in 64-row windows of its `n` coordinate (`extent` of it), K along `k`, each verified."""
+    return tuple(read_tile(tile, row_name="n", k_name="k", rows=WGMMA_M, row0=WGMMA_M * w)
+                 for w in range(extent // WGMMA_M))
 
 
 def _sixteen_byte_run(tile: layouts.OperandDerivation, dim: str, use: str) -> int:
