@@ -64,13 +64,20 @@ def test_tiles_of_few_rows_take_the_swapped_products_with_verified_reads():
     assert plan_of(heads=32, kv_heads=8, head_dim=128, q_len=4).swap_n == 16
     assert plan_of(heads=4, kv_heads=1, head_dim=128, q_len=3).swap_n == 16  # 12 rows, 4 padding columns
     for plain in (dict(heads=32, kv_heads=8, head_dim=128, q_len=5), dict(heads=32, kv_heads=8, head_dim=96),
-                  dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2)):  # 80-key blocks
+                  dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2, swap=False)):
         assert not plan_of(**plain).spec.swap and plan_of(**plain).swap_n == 0, plain
+        assert plan_of(**plain).q.coords == {"m": 64, "k": plain["head_dim"]}  # Q as the A of S: wgmma's 64 rows
+    # gathered at two CTAs: 80-key blocks for plain products, 64 (S^T's M) when swapped, three slots deep
+    gathered = dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2)
+    assert plan_of(**gathered, swap=False).spec.block_n == 80
+    assert (plan_of(**gathered).spec.swap, plan_of(**gathered).spec.block_n, plan_of(**gathered).spec.stages) == (True, 64, 3)
     assert not plan_of(heads=32, kv_heads=8, head_dim=128, swap=False).spec.swap
     # the four reads: K and V in 64-row windows as A, Q and P^T as B with N = 8
     assert [r.major for r in p.k_as_a] == ["K", "K"] and [r.row0 for r in p.k_as_a] == [0, 64]
     assert [(r.major, r.transpose) for r in p.v_as_a] == [("MN", 1), ("MN", 1)]
     assert (p.q_as_b.major, p.q_as_b.rows, p.pt_as_b.major, p.pt_as_b.rows) == ("K", 8, "K", 8)
+    # Q as the B of S^T holds only the swap_n rows that wgmma reads: 8 x 128, a K tile's layout
+    assert p.q_rows == 8 and p.q.coords == {"n": 8, "k": 128} and p.q.smem_bytes == p.smem.q_bytes == 8 * 128 * 2
     assert p.pt.coords == {"n": 8, "k": 128} and p.pt.smem_bytes == 8 * 128 * 2
     # K's second window starts 64 rows (8 KB of 128-byte rows) into the tile, V's second 64 columns one atom block in
     assert p.k_as_a[1].descriptor_objects()[0].start_address == 64 * 128
@@ -93,7 +100,8 @@ def test_swapped_products_refuse_tiles_they_do_not_fit(bad, match):
                                 dict(heads=8, kv_heads=8, head_dim=64, page_size=16, window=(100, -1), softcap=30.0),
                                 dict(heads=16, kv_heads=8, head_dim=256, q_len=8, dtype="f16"),
                                 dict(heads=12, kv_heads=4, head_dim=192, ctas_per_sm=1),
-                                dict(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=2)])
+                                dict(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=2),
+                                dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2)])
 def test_swapped_kernels_compile_without_spills(kw):
     built = build(DecodeSpec(**kw), family="decode_sm90")
     name = built.rendered.kernel_name
@@ -457,7 +465,7 @@ def test_two_ctas_per_sm_take_one_consumer_and_half_the_sm():
 
     built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=2))
     p, src = built.plan, built.rendered.source
-    assert (p.key_groups, p.row_groups, p.threads, p.spec.block_n, p.spec.stages) == (1, 1, 256, 64, 2)
+    assert (p.key_groups, p.row_groups, p.threads, p.spec.block_n, p.spec.stages) == (1, 1, 256, 64, 3)
     assert p.smem.total <= p.smem_limit == SM_SMEM_BYTES // 2 - 1024
     assert (p.producer_regs + p.consumer_regs) * 128 * 2 == REGISTERS_PER_SM
     assert "__launch_bounds__(256, 2)" in src and "kSetMaxNreg = true" in src

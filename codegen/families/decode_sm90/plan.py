@@ -52,8 +52,10 @@ TWO_CTA_PRODUCER_REGS, TWO_CTA_CONSUMER_REGS = 40, 216  # (40 + 216) x 128 threa
 # Keys per ring slot at two CTAs per SM: the widest block with two ring slots in half the SM's shared memory
 # (none at D >= 192, whose Q and one slot alone take half).
 TWO_CTA_BLOCK_N = {64: 128, 96: 64, 128: 64}
-# ... where the rows are gathered: 80 keys (the widest two slots that fit) beat 64 with pages of 4 rows at 32 x 8k,
-# 0.946x against 0.923x cuDNN in one process, while dense caches and 16-row pages by TMA lost 0.5-1.5% (d14).
+# ... where the rows are gathered into plain products: 80 keys (the widest two slots that fit) beat 64 with pages of
+# 4 rows at 32 x 8k, 0.946x against 0.923x cuDNN in one process, while dense caches and 16-row pages by TMA lost
+# 0.5-1.5% (d14). Swapped tiles take TWO_CTA_BLOCK_N's 64 (S^T's M windows), three slots deep with their
+# swap_n-row Q: 0.966x against 0.954x at 32 x 8k, 0.976x against 0.953x at 128 x 8k (d19).
 GATHER_TWO_CTA_BLOCK_N = {**TWO_CTA_BLOCK_N, 128: 80}
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
@@ -227,7 +229,8 @@ class SwapRegion:
 
 @functools.lru_cache(maxsize=256)
 def resolve(spec: DecodeSpec) -> DecodeSpec:
-    two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather else TWO_CTA_BLOCK_N
+    swappable = spec.swap is not False and spec.swap_refusal(TWO_CTA_BLOCK_N.get(spec.head_dim, 0)) is None
+    two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather and not swappable else TWO_CTA_BLOCK_N
     block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
@@ -292,9 +295,16 @@ class Plan:
     def threads(self) -> int:
         return (1 + self.consumers) * THREADS_PER_WARPGROUP
 
+    @property
+    def q_rows(self) -> int:
+        """Rows of a row group's Q tile: wgmma's M where Q is the A of S, only the tile's swap_n rows where it is the
+        B of S^T (64 rows would waste the 14 KB that a third ring slot at two CTAs per SM needs)."""
+        return self.swap_n if self.spec.swap else ROWS_PER_CONSUMER
+
     @cached_property
     def q(self) -> layouts.OperandDerivation:
-        return _derive("q", self.spec.arch, self.spec.head_dim, ROWS_PER_CONSUMER, self.spec.dtype)
+        """The row group's Q tile; as the B of S^T it is staged as a K tile is (N rows, K-major: coordinates n, k)."""
+        return _derive("k" if self.spec.swap else "q", self.spec.arch, self.spec.head_dim, self.q_rows, self.spec.dtype)
 
     @cached_property
     def k(self) -> layouts.OperandDerivation:
@@ -452,7 +462,7 @@ class Plan:
     @cached_property
     def q_as_b(self) -> TileRead:
         """Q as the B of S^T: N = the tile's first swap_n rows, K over the head dim."""
-        return read_tile(self.q, row_name="m", k_name="k", rows=self.swap_n)
+        return read_tile(self.q, row_name=self.q.coords_names[0], k_name="k", rows=self.swap_n)
 
     @cached_property
     def v_as_a(self) -> tuple[TileRead, ...]:
