@@ -57,9 +57,13 @@ TWO_CTA_BLOCK_N = {64: 128, 96: 64, 128: 64}
 # 0.5-1.5% (d14). Swapped tiles take TWO_CTA_BLOCK_N's 64 (S^T's M windows), three slots deep with their
 # swap_n-row Q: 0.966x against 0.954x at 32 x 8k, 0.976x against 0.953x at 128 x 8k (d19).
 GATHER_TWO_CTA_BLOCK_N = {**TWO_CTA_BLOCK_N, 128: 80}
+MIN_STAGES, MAX_STAGES = 2, 8
+# Ring slots at two CTAs per SM, at most: at D=128 three fit beside the swapped tiles' small Q, but pages of 16 rows
+# by TMA lost 2.5% with them (32 x 8k 0.965x against 0.990x cuDNN in one process; dense and gathered tiles within
+# 0.5%, d19). D=64 and 96 take as many as fit, as they did.
+TWO_CTA_STAGES = {64: MAX_STAGES, 96: MAX_STAGES, 128: 2}
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
-MIN_STAGES, MAX_STAGES = 2, 8
 # Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
 # (three blocks in flight per SM keep the copy engine busy; see bench/LOG.md, "Decode").
 DEFAULT_BLOCK_N = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
@@ -248,7 +252,8 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     if spec.stages % step:
         raise SpecError(f"{spec.name}: with {step} key groups the ring's stages must be a multiple of {step}")
     if not spec.stages:
-        fitting = [n for n in range(MIN_STAGES, MAX_STAGES + 1, step) if Plan(spec.replace(stages=n)).fits]
+        deepest = TWO_CTA_STAGES[spec.head_dim] if spec.ctas_per_sm > 1 else MAX_STAGES
+        fitting = [n for n in range(MIN_STAGES, deepest + 1, step) if Plan(spec.replace(stages=n)).fits]
         if not fitting:
             raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
                             "use a smaller block_n")
