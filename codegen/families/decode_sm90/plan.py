@@ -60,8 +60,9 @@ GATHER_TWO_CTA_BLOCK_N = {**TWO_CTA_BLOCK_N, 128: 80}
 MIN_STAGES, MAX_STAGES = 2, 8
 # Ring slots at two CTAs per SM, at most: at D=128 three fit beside the swapped tiles' small Q, but pages of 16 rows
 # by TMA lost 2.5% with them (32 x 8k 0.965x against 0.990x cuDNN in one process; dense and gathered tiles within
-# 0.5%, d19). D=64 and 96 take as many as fit, as they did.
-TWO_CTA_STAGES = {64: MAX_STAGES, 96: MAX_STAGES, 128: 2}
+# 0.5%), and D=64's three 128-key slots lost 1.1% to two (32 x 8k 0.975x / 0.986x; d19). D=96 (not measured) takes
+# as many as fit, as it did.
+TWO_CTA_STAGES = {64: 2, 96: MAX_STAGES, 128: 2}
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 # Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
