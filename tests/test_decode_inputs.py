@@ -1,0 +1,60 @@
+"""The decode API's refusals on the CPU (before any launch) and the float64 reference the GPU tests check against."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def cpu_inputs(**over):
+    q = torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 256, 2, 64, dtype=torch.bfloat16)
+    args = dict(q=q, k_cache=k, v_cache=k.clone(), cache_seqlens=torch.tensor([3, 4], dtype=torch.int32))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(cache_seqlens=torch.tensor([3, 4], dtype=torch.int64)), "int32"),
+    (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), "one length per sequence"),
+    (dict(q=torch.zeros(2, 1, 7, 64, dtype=torch.bfloat16)), "multiple"),
+    (dict(v_cache=torch.zeros(2, 255, 2, 64, dtype=torch.bfloat16)), "one shape"),
+    (dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.float16)), "dtype"),
+    (dict(k_new=torch.zeros(2, 1, 2, 64, dtype=torch.bfloat16)), "together"),
+    (dict(page_table=torch.zeros(2, 4, dtype=torch.int64)), "int32"),
+    (dict(page_table=torch.zeros(3, 4, dtype=torch.int32)), "a row of pages per sequence"),
+    (dict(page_table=torch.zeros(2, 4, dtype=torch.int32)), "CUDA device"),
+    (dict(sinks=torch.zeros(7)), "sinks"),
+    (dict(num_splits=-1), "num_splits"),
+    (dict(ctas_per_sm=3), "ctas_per_sm"),
+    (dict(ctas_per_sm=2.0), "ctas_per_sm"),
+    ({}, "CUDA device"),
+])
+def test_bad_calls_are_refused_before_any_launch(over, match):
+    from codegen.api import InputError
+    from codegen.decode import attention_with_kvcache
+
+    args = cpu_inputs(**over)
+    with pytest.raises(InputError, match=match):
+        attention_with_kvcache(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("cache_seqlens"),
+                               **args)
+
+
+def test_the_reference_is_attention_over_each_sequences_keys():
+    from codegen import check
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 4, 32)
+    k, v = torch.randn(2, 50, 2, 32), torch.randn(2, 50, 2, 32)
+    o, lse = check.kvcache_reference(q, k, v, [50, 20], causal=True)
+    for b, n in enumerate((50, 20)):
+        ref, ref_lse = check.reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=True)
+        assert torch.allclose(o[b:b + 1], ref) and torch.allclose(lse[b:b + 1], ref_lse)
+    # A sink of -inf is no sink; a sink takes its share of the weight.
+    o2, _ = check.kvcache_reference(q, k, v, [50, 20], sinks=torch.full((4,), float("-inf")))
+    o3, lse3 = check.kvcache_reference(q, k, v, [50, 20], sinks=torch.full((4,), 5.0))
+    plain, plain_lse = check.kvcache_reference(q, k, v, [50, 20])
+    assert torch.allclose(o2, plain)
+    assert torch.allclose(lse3, torch.logaddexp(plain_lse, torch.tensor(5.0, dtype=torch.float64)))
+    assert o3.norm() < plain.norm()
