@@ -5,6 +5,7 @@ writes the step's new keys and values into the cache (templates/decode_sm90/, pl
 from __future__ import annotations
 
 from layouts import fragments
+from layouts.operands import WGMMA_M
 
 from codegen.abi import MBARRIER_BYTES
 
@@ -13,7 +14,7 @@ from ..fwd_sm90 import mma_operands
 from . import abi as decode_abi
 from codegen.spec import ROWS_PER_CONSUMER
 
-from .plan import APPEND_SUFFIX, THREADS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
+from .plan import APPEND_SUFFIX, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, DecodeSpec, Plan, make_plan, resolve
 
 __all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
@@ -54,7 +55,8 @@ def swapped_products(plan: Plan) -> dict | None:
     if not plan.spec.swap:
         return None
     fragments.check_accumulator_prefix(plan.swap_n)
-    return {"n": plan.swap_n, "region": plan.swap_region, "pt_offset_c": plan.pt.formula_c,
+    return {"m": WGMMA_M, "n": plan.swap_n, "warps": WARPS_PER_WARPGROUP, "region": plan.swap_region,
+            "pt_offset_c": plan.pt.formula_c,
             "k_desc": [r.descriptors() for r in plan.k_as_a], "v_desc": [r.descriptors() for r in plan.v_as_a],
             "q_desc": plan.q_as_b.descriptors(), "pt_desc": plan.pt_as_b.descriptors(),
             "k_trans": plan.k_as_a[0].transpose, "v_trans": plan.v_as_a[0].transpose,
