@@ -5,7 +5,7 @@
     python3 scripts/decode_ab.py --case 32,8192 --heads 32/8 --dim 128 --variant n64:block_n=64,stages=4
 
 A case is B,S_K (full caches, S_q from --q-len; `--page-size P`: flashgen reads them as shuffled pages of P rows,
-bench.decode.paged_copy, while cuDNN reads the dense copy); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
+bench.decode.paged_copy, or pages in key order with `--in-order`, while cuDNN reads the dense copy); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
 keywords (num_splits, block_n, stages). Each round times every variant and cuDNN (SDPA, enable_gqa, the cache as
 (B,H,S,D) views) by CUDA events over --iters calls behind a GPU sleep, rounds interleaved; the median of the
 rounds is printed with the K+V read rate. For quick decisions (bench/LOG.md); `gen.py bench --matrix decode`
@@ -36,6 +36,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--q-len", type=int, default=1)
     parser.add_argument("--page-size", type=int, default=0, help="flashgen reads a paged copy (0: the dense cache)")
+    parser.add_argument("--in-order", action="store_true",
+                        help="the paged copy's pages in key order, not shuffled (what the pages' scatter costs)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
@@ -62,7 +64,9 @@ def main(argv: list[str]) -> int:
             lens = torch.full((batch,), cache_len, dtype=torch.int32, device="cuda")
             cache = {}
             if args.page_size:
-                (pk, table), (pv, _) = paged_copy(torch, k, args.page_size), paged_copy(torch, v, args.page_size)
+                shuffled = not args.in_order
+                (pk, table), (pv, _) = (paged_copy(torch, k, args.page_size, shuffled=shuffled),
+                                        paged_copy(torch, v, args.page_size, shuffled=shuffled))
                 cache = {"k": pk, "v": pv, "page_table": table}
             sets.append((q, k, v, lens, torch.empty_like(q), cache))
         calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(

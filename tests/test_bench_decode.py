@@ -291,3 +291,14 @@ def test_gpu_check_runs_the_decode_matrix_with_its_own_peers():
     assert gpu_check.matrix_peers("coverage", "flashgen,cudnn") == ["--peers", "flashgen,cudnn"]
     with pytest.raises(BenchUsageError, match="drop --peers"):  # what the old call met: the matrix never ran
         parse_config(["--matrix", "decode", "--peers", "flashgen,cudnn"])
+
+
+@pytest.mark.parametrize("shuffled", [True, False])
+def test_a_paged_copy_holds_every_page_where_its_table_says(shuffled):
+    torch = pytest.importorskip("torch")
+    k = torch.randn(3, 16, 2, 8)
+    pages, table = decode.paged_copy(torch, k, 4, shuffled=shuffled)
+    assert pages.shape == (12, 4, 2, 8) and table.shape == (3, 4) and table.dtype == torch.int32
+    assert torch.equal(pages[table.flatten().long()].reshape(k.shape), k)
+    assert sorted(table.flatten().tolist()) == list(range(12))
+    assert (table.flatten().tolist() == list(range(12))) is not shuffled  # in key order only when asked
