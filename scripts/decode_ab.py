@@ -5,11 +5,12 @@
     python3 scripts/decode_ab.py --case 32,8192 --heads 32/8 --dim 128 --variant n64:block_n=64,stages=4
 
 A case is B,S_K (full caches, S_q from --q-len; `--page-size P`: flashgen reads them as shuffled pages of P rows,
-bench.decode.paged_copy, or pages in key order with `--in-order`, while cuDNN reads the dense copy); a variant NAME:KNOB=VALUE,... with attention_with_kvcache's
-keywords (num_splits, block_n, stages). Each round times every variant and cuDNN (SDPA, enable_gqa, the cache as
-(B,H,S,D) views) by CUDA events over --iters calls behind a GPU sleep, rounds interleaved; the median of the
-rounds is printed with the K+V read rate. For quick decisions (bench/LOG.md); `gen.py bench --matrix decode`
-makes the committed numbers. `--profile NAME` instead launches one variant (or `cudnn`) a few times for ncu.
+bench.decode.paged_copy, or pages in key order with `--in-order`, while cuDNN reads the dense copy); a variant
+NAME:KNOB=VALUE,... with attention_with_kvcache's keywords (num_splits, block_n, stages). Each round times every
+variant and cuDNN (SDPA, enable_gqa, the cache as (B,H,S,D) views) by CUDA events over --iters calls behind a GPU
+sleep, rounds interleaved; the median of the rounds is printed with the K+V read rate. For quick decisions
+(bench/LOG.md); `gen.py bench --matrix decode` makes the committed numbers. `--profile NAME` instead launches one
+variant (or `cudnn`) a few times for ncu.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", metavar="NAME", help="launch this variant (or cudnn) 3 times, nothing timed")
     args = parser.parse_args(argv)
+    if args.in_order and not args.page_size:
+        parser.error("--in-order orders a paged copy's pages; it needs --page-size")
 
     import torch
 

@@ -1,4 +1,5 @@
-"""The decode family on the CPU: its plan's numbers, its compiles, the API's refusals and the reference itself."""
+"""The decode family on the CPU: its plan's numbers, its compiles and its launcher (the API's refusals and the
+float64 reference: test_decode_inputs.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_tiles_of_few_rows_take_the_swapped_products_with_verified_reads():
     gathered = dict(heads=32, kv_heads=8, head_dim=128, page_size=4, gather=True, ctas_per_sm=2)
     assert plan_of(**gathered, swap=False).spec.block_n == 80
     assert (plan_of(**gathered).spec.swap, plan_of(**gathered).spec.block_n, plan_of(**gathered).spec.stages) == (True, 64, 2)
-    assert plan_of(**gathered, stages=3).fits  # a third slot fits beside the 8-row Q (TWO_CTA_STAGES keeps two)
+    resolve(DecodeSpec(**gathered, stages=3))  # a third slot fits beside the 8-row Q (raises if not; two by default)
     assert not plan_of(heads=32, kv_heads=8, head_dim=128, swap=False).spec.swap
     # the four reads: K and V in 64-row windows as A, Q and P^T as B with N = 8
     assert [r.major for r in p.k_as_a] == ["K", "K"] and [r.row0 for r in p.k_as_a] == [0, 64]
@@ -79,6 +80,10 @@ def test_tiles_of_few_rows_take_the_swapped_products_with_verified_reads():
     assert (p.q_as_b.major, p.q_as_b.rows, p.pt_as_b.major, p.pt_as_b.rows) == ("K", 8, "K", 8)
     # Q as the B of S^T holds only the swap_n rows that wgmma reads: 8 x 128, a K tile's layout
     assert p.q_rows == 8 and p.q.coords == {"n": 8, "k": 128} and p.q.smem_bytes == p.smem.q_bytes == 8 * 128 * 2
+    source = build(p.spec, family="decode_sm90").rendered.source
+    assert "constexpr int kQRows = 8;" in source and "u32 q_tile_offset(u32 n, u32 k)" in source
+    plain_source = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, swap=False), family="decode_sm90").rendered.source
+    assert "constexpr int kQRows = 64;" in plain_source and "u32 q_tile_offset(u32 m, u32 k)" in plain_source
     assert p.pt.coords == {"n": 8, "k": 128} and p.pt.smem_bytes == 8 * 128 * 2
     # K's second window starts 64 rows (8 KB of 128-byte rows) into the tile, V's second 64 columns one atom block in
     assert p.k_as_a[1].descriptor_objects()[0].start_address == 64 * 128
@@ -107,6 +112,7 @@ def test_swapped_kernels_compile_without_spills(kw):
     built = build(DecodeSpec(**kw), family="decode_sm90")
     name = built.rendered.kernel_name
     assert name.endswith("_swap") or "_swap_" in name
+    assert name in built.compiled.registers, name
     assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
     source = built.rendered.source
     assert "wgmma.mma_async.sync.aligned.m64n%dk16" % built.plan.swap_n in source
@@ -311,6 +317,7 @@ class _Tensor:
 
 @pytest.mark.parametrize("gather", [True, False])
 def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gather, monkeypatch):
+    pytest.importorskip("torch")  # codegen.launcher's
     from codegen import decode, launcher
 
     launches = []
@@ -342,6 +349,7 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
 
 
 def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatch):
+    pytest.importorskip("torch")  # codegen.launcher's
     from codegen import decode, launcher
     from codegen.families.decode_sm90.plan import MAX_CLUSTER_SPLITS
 
@@ -411,6 +419,10 @@ def test_two_ctas_per_sm_take_one_consumer_and_half_the_sm():
     p, src = built.plan, built.rendered.source
     assert (p.key_groups, p.row_groups, p.threads, p.spec.block_n, p.spec.stages) == (1, 1, 256, 64, 2)
     assert p.smem.total <= p.smem_limit == SM_SMEM_BYTES // 2 - 1024
+    # Swapped two-CTA rings are capped (plan.TWO_CTA_SWAPPED_STAGES) though a third slot fits; plain ones are not.
+    assert plan_of(heads=32, kv_heads=8, head_dim=64, ctas_per_sm=2).spec.stages == 2
+    assert plan_of(heads=32, kv_heads=8, head_dim=64, ctas_per_sm=2, stages=3).fits
+    assert plan_of(heads=32, kv_heads=8, head_dim=64, q_len=5, ctas_per_sm=2).spec.stages == 3  # 40 rows: plain
     assert (p.producer_regs + p.consumer_regs) * 128 * 2 == REGISTERS_PER_SM
     assert "__launch_bounds__(256, 2)" in src and "kSetMaxNreg = true" in src
     assert p.spec.name.endswith("_2cta") and "2 CTAs per SM" in summary(p)
@@ -443,6 +455,7 @@ def test_a_ctas_per_sm_the_family_has_no_layout_for_is_refused(bad):
 
 
 def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(monkeypatch):
+    pytest.importorskip("torch")  # codegen.launcher's
     import ctypes
 
     from cuda.bindings import driver as cu

@@ -369,7 +369,8 @@ def test_cli_run_checks_and_times_the_decode_kernel(extra, tmp_path, capsys):
 # TMA and gathered, D 64-128, GQA 8 and 4 (up to 64 packed rows), several splits (one split per tile is the policy's
 # choice; more exercise the merges under this layout too).
 TWO_CTAS = [(1, 32, 8, 128, torch.bfloat16, 0), (2, 16, 4, 96, torch.float16, 0), (1, 8, 8, 64, torch.bfloat16, 16),
-            (4, 32, 8, 128, torch.bfloat16, 16), (1, 32, 8, 128, torch.bfloat16, 4), (16, 32, 8, 64, torch.float16, 1)]
+            (4, 32, 8, 128, torch.bfloat16, 16), (1, 32, 8, 128, torch.bfloat16, 4), (16, 32, 8, 64, torch.float16, 1),
+            (8, 32, 8, 128, torch.bfloat16, 4)]  # 32 rows gathered: plain 80-key blocks (the one above swaps)
 
 
 @pytest.mark.parametrize("sq, heads, kv_heads, dim, dtype, page", TWO_CTAS)

@@ -50,19 +50,19 @@ REGISTERS_PER_SM = 64 * 1024
 CTAS_PER_SM = (1, 2)
 TWO_CTA_PRODUCER_REGS, TWO_CTA_CONSUMER_REGS = 40, 216  # (40 + 216) x 128 threads x 2 CTAs: the register file
 # Keys per ring slot at two CTAs per SM: the widest block with two ring slots in half the SM's shared memory
-# (none at D >= 192, whose Q and one slot alone take half).
+# (none at D >= 192, whose plain 64-row Q and one slot alone take half; not tried with the swapped tiles' small Q).
 TWO_CTA_BLOCK_N = {64: 128, 96: 64, 128: 64}
 # ... where the rows are gathered into plain products: 80 keys (the widest two slots that fit) beat 64 with pages of
 # 4 rows at 32 x 8k, 0.946x against 0.923x cuDNN in one process, while dense caches and 16-row pages by TMA lost
-# 0.5-1.5% (d14). Swapped tiles take TWO_CTA_BLOCK_N's 64 (S^T's M windows), three slots deep with their
-# swap_n-row Q: 0.966x against 0.954x at 32 x 8k, 0.976x against 0.953x at 128 x 8k (d19).
+# 0.5-1.5% (d14). Swapped tiles take TWO_CTA_BLOCK_N's 64 (S^T's M windows): two slots deep 0.959x against 0.930x
+# at 32 x 2k, 0.974x against 0.955x at 128 x 8k (three 0.959x / 0.979x; d19).
 GATHER_TWO_CTA_BLOCK_N = {**TWO_CTA_BLOCK_N, 128: 80}
 MIN_STAGES, MAX_STAGES = 2, 8
-# Ring slots at two CTAs per SM, at most: at D=128 three fit beside the swapped tiles' small Q, but pages of 16 rows
-# by TMA lost 2.5% with them (32 x 8k 0.965x against 0.990x cuDNN in one process; dense and gathered tiles within
-# 0.5%), and D=64's three 128-key slots lost 1.1% to two (32 x 8k 0.975x / 0.986x; d19). D=96 (not measured) takes
-# as many as fit, as it did.
-TWO_CTA_STAGES = {64: 2, 96: MAX_STAGES, 128: 2}
+# Ring slots of swapped tiles at two CTAs per SM, at most: at D=128 three fit beside their small Q, but pages of 16
+# rows by TMA lost 2.5% with them (32 x 8k 0.965x against 0.990x cuDNN in one process; dense and gathered tiles within
+# 0.5%), and D=64's three 128-key slots lost 1.1% to two (32 x 8k 0.975x / 0.986x; d19). Plain tiles (and D=96,
+# never swapped) take as many as fit, as they did: not measured against fewer.
+TWO_CTA_SWAPPED_STAGES = {64: 2, 128: 2}
 SMEM_ALIGN_SLACK = 1024
 MBARRIER_ALIGN = 8
 # Keys per ring slot, by head dim: the widest block whose K and V still leave three slots in shared memory
@@ -210,7 +210,7 @@ class DecodeSpec:
 @dataclass(frozen=True)
 class SmemMap:
     q_offset: int
-    q_bytes: int   # one consumer's 64-row Q tile
+    q_bytes: int   # one row group's Q tile (Plan.q_rows rows)
     k_offset: int
     k_bytes: int   # one ring slot
     v_offset: int
@@ -253,7 +253,8 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     if spec.stages % step:
         raise SpecError(f"{spec.name}: with {step} key groups the ring's stages must be a multiple of {step}")
     if not spec.stages:
-        deepest = TWO_CTA_STAGES[spec.head_dim] if spec.ctas_per_sm > 1 else MAX_STAGES
+        capped = spec.ctas_per_sm > 1 and spec.swap
+        deepest = TWO_CTA_SWAPPED_STAGES.get(spec.head_dim, MAX_STAGES) if capped else MAX_STAGES
         fitting = [n for n in range(MIN_STAGES, deepest + 1, step) if Plan(spec.replace(stages=n)).fits]
         if not fitting:
             raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
@@ -304,7 +305,7 @@ class Plan:
     @property
     def q_rows(self) -> int:
         """Rows of a row group's Q tile: wgmma's M where Q is the A of S, only the tile's swap_n rows where it is the
-        B of S^T (64 rows would waste the 14 KB that a third ring slot at two CTAs per SM needs)."""
+        B of S^T (64 rows would waste 14 KB at D=128: room for a third ring slot at two CTAs per SM)."""
         return self.swap_n if self.spec.swap else ROWS_PER_CONSUMER
 
     @cached_property
