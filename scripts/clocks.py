@@ -2,7 +2,7 @@
 """SM clock, board power and energy per call while cuDNN and flashgen each run back to back (GPU machine).
 
     python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
-                                           [--variant NAME:KNOB=VALUE,...] [--json FILE]
+                                           [--variant NAME:KNOB=VALUE,...] [--peer fa4] [--json FILE]
     python3 scripts/clocks.py --backward [--causal] --shape 4,4096,32,128 --dtype bf16
 
 Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench import clocks
 from bench.cases import case_from, parse_shape
 from bench.inputs import make_inputs
-from bench.peers import PEERS, _no_context, _sdpa_backend
+from bench.peers import PEERS, Unavailable, _no_context, _sdpa_backend
 from scripts.ab import flashgen_peer, parse_variant
 from layouts.dtypes import DTYPE_NAMES
 
@@ -38,12 +38,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=1.5, help="each implementation's run, per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
+    parser.add_argument("--peer", action="append", default=[], choices=sorted(set(PEERS) - {"cudnn"}),
+                        help="also run this peer of bench/peers.py (forward only), e.g. fa4")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--backward", action="store_true", help="the backward pass (flashgen's and cuDNN's)")
     parser.add_argument("--causal", action="store_true")
     args = parser.parse_args(argv)
-    if args.backward and args.variant:
-        parser.error("--backward takes no --variant")
+    if args.backward and (args.variant or args.peer):
+        parser.error("--backward takes no --variant or --peer")
     if args.seconds <= clocks.SETTLE_S:
         parser.error(f"--seconds must exceed the {clocks.SETTLE_S} s the clock is given to settle")
 
@@ -67,6 +69,11 @@ def main(argv: list[str]) -> int:
         impls = {"cudnn": (cudnn.make(torch, inputs, case)[0], cudnn.context)}
         for name, kwargs in [("flashgen", {})] + [parse_variant(v) for v in args.variant]:
             impls[name] = (flashgen_peer(name, kwargs).make(torch, inputs, case)[0], _no_context)
+        for name in args.peer:
+            try:
+                impls[name] = (PEERS[name].make(torch, inputs, case)[0], PEERS[name].context)
+            except Unavailable as e:
+                print(f"{name}: skipped ({e})", flush=True)
         flops = case.flops
 
     windows = []

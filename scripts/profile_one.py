@@ -5,7 +5,8 @@
         python3 scripts/profile_one.py --shape 2,4096,16,256 [--dtype bf16] [--causal] [--knob block_n=80]
 
 Inputs are random; the result is checked against nothing (gpu tests do that). Knobs are prepare()'s tuning
-keywords, as in scripts/ab.py. It puts the checkout's root on sys.path itself (--shape is read by the
+keywords, as in scripts/ab.py. `--fa4` launches FlashAttention-4's forward (flash_attn.cute, bench.peers) on the same
+inputs instead, for side-by-side profiles (`-k regex:flash_fwd|FlashAttention` for ncu). It puts the checkout's root on sys.path itself (--shape is read by the
 benchmark's parse_shape, and bench/ is not installed), so it runs from any folder without PYTHONPATH=.
 """
 
@@ -48,16 +49,26 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     shape_arguments(parser)
     parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--fa4", action="store_true", help="launch FlashAttention-4's forward instead (no knobs)")
     args = parser.parse_args(argv)
+    if args.fa4 and args.knob:
+        parser.error("--knob tunes flashgen's kernel; FlashAttention-4 takes none")
 
     import torch
 
     (q, k, v), knobs = random_inputs(args)
-    call = prepare(q, k, v, causal=args.causal, **knobs)
+    if args.fa4:
+        from bench.peers import fa4_function
+
+        attention = fa4_function()  # Unavailable, with the import's error, where FA4 is not installed
+        call, name = (lambda: attention(q, k, v, causal=args.causal)), "FlashAttention-4's forward"
+    else:
+        call = prepare(q, k, v, causal=args.causal, **knobs)
+        name = call.built.rendered.kernel_name
     for _ in range(args.launches):
         call()
     torch.cuda.synchronize()
-    print(f"{args.launches} launches of {call.built.rendered.kernel_name}")
+    print(f"{args.launches} launches of {name}")
     return 0
 
 
