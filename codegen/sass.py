@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .cuda_env import ToolchainMissingError, _candidate_roots
 
-__all__ = ["nvdisasm_path", "disassemble", "opcode_counts", "instructions"]
+__all__ = ["nvdisasm_path", "disassemble", "opcode_counts", "instructions", "work_before_full_waits"]
 
 PIP_HINT_NVDISASM = "pip install 'nvidia-cuda-nvdisasm>=13.2,<14'"
 
@@ -115,3 +115,28 @@ def opcode_counts(sass: str, *, modifiers: bool = False) -> collections.Counter:
     for op in instructions(sass):
         c[op if modifiers else op.split(".", 1)[0]] += 1
     return c
+
+
+# "WARPGROUP.DEPBAR.LE gsb0, 0x2 ;": wait until at most 2 wgmma groups are in flight.
+_WGMMA_WAIT_RE = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0\s*,\s*(0x[0-9a-fA-F]+)")
+
+
+def work_before_full_waits(sass: str, opcode: str = "MUFU.EX2") -> list[int]:
+    """For each wait for every wgmma (``DEPBAR.LE gsb0, 0x0``) that follows a partial one (``0x1`` or more, in the
+    text's order), how many ``opcode`` instructions lie between the two. In the forward's main loop that is the
+    softmax's exponentials issued while PV(j-1) is still in flight: the overlap ptxas may or may not keep."""
+    counts, between = [], None
+    for line in sass.splitlines():
+        m = _INSN_RE.match(line)
+        if not m:
+            continue
+        wait = _WGMMA_WAIT_RE.search(line)
+        if wait:
+            if int(wait.group(1), 16) > 0:
+                between = 0
+            elif between is not None:
+                counts.append(between)
+                between = None
+        elif between is not None and (m.group(1) + m.group(2)).startswith(opcode):
+            between += 1
+    return counts

@@ -333,7 +333,8 @@ static __device__ __forceinline__ bool straddles(int j, int q_row0, Lengths len)
 }
 
 static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
-  return key >= len.seq_k || (cfg::kWindowRight >= 0 && key > query + len.diagonal() + cfg::kWindowRight) ||
+  return (cfg::kTailMask && key >= len.seq_k) ||
+         (cfg::kWindowRight >= 0 && key > query + len.diagonal() + cfg::kWindowRight) ||
          (cfg::kWindowLeft >= 0 && key < query + len.diagonal() - cfg::kWindowLeft);
 }
 
@@ -546,6 +547,15 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
   }
 }
 
+// 0, computed from the rows' partial sums once the softmax has written them: a sum is +0 or more (exp2s and
+// rescales of them; a NaN is the GPU's canonical positive one), so its bits are a non-negative int and the min
+// with 0 is 0. ptxas cannot prove that, so an instruction taking this as an operand waits for the softmax.
+static __device__ __forceinline__ u32 after_softmax(const RowStats& rows) {
+  int zero;
+  asm("min.s32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_int(rows.sum[0]) | __float_as_int(rows.sum[1])));
+  return static_cast<u32>(zero);
+}
+
 // O *= alpha per row, once the previous PV is done.
 static __device__ __forceinline__ void rescale_o(float (&o)[cfg::kHeadDim / 2], const float (&alpha)[2]) {
   if constexpr (cfg::kConditionalRescale) {
@@ -730,9 +740,10 @@ static __device__ __forceinline__ void pass_turn(int consumer) {
 // Once QK has read a K slot, this warp releases it. Persistent: the tile's last K slot is kept to stage O
 // (released after the store), and Q is released instead, so the producer can load the next tile's Q while
 // this one finishes.
-static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last) {
+// `zero` is 0 at run time; a step passes after_softmax(rows), which pins its softmax ahead of this arrive.
+static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last, u32 zero = 0) {
   __syncwarp();
-  if (lane == 0) mbar_arrive(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot));
+  if (lane == 0) mbar_arrive(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero);
 }
 
 static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot) {
@@ -872,8 +883,13 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       trace(kEvIssued, t);
       wgmma_wait<cfg::kPvChunks>();  // QK(j) is done; the PV(j-1) chunks may still run
       trace(kEvQkDone, t);
-      release_after_qk(bars, lane, s, kTail || t == n_kv - 1);
       softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha);
+      // S is in registers since the QK wait, so K's slot could go now; it goes after the softmax instead, its
+      // arrive's address taking a 0 that ptxas must compute from the row sums. Without that, ptxas moved
+      // the PV wait below ahead of the whole softmax (its arithmetic is free to sink past a wait), and the
+      // softmax no longer ran under PV(j-1): the causal (4096, 32, 128) kernel's SASS had no exp2 before the
+      // PV wait, 9% more cycles than FA4 in ncu (bench/LOG.md v26).
+      release_after_qk(bars, lane, s, kTail || t == n_kv - 1, after_softmax(rows));
       trace(kEvSoftmax, t);
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
       trace(kEvPvDone, t);

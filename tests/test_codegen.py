@@ -264,6 +264,33 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     assert ops["LDL"] == 0 and ops["STL"] == 0, "local memory in the kernel"
 
 
+@pytest.mark.parametrize("spec", [
+    KernelSpec(seq_len=4096, heads=32, head_dim=128, causal=True, dtype="bf16"),
+    KernelSpec(seq_len=4096, heads=32, head_dim=128, dtype="bf16"),  # 176 keys, persistent, a 48-key tail
+    KernelSpec(seq_len=1024, heads=32, head_dim=64, causal=True, dtype="bf16"),
+    KernelSpec(seq_len=2048, heads=24, head_dim=96, dtype="bf16"),
+    KernelSpec(seq_len=4096, heads=16, head_dim=192, causal=True, dtype="bf16"),
+    KernelSpec(seq_len=4096, heads=16, head_dim=256, dtype="bf16"),
+    KernelSpec(seq_len=2000, heads=8, head_dim=128, window=(256, 64), softcap=30.0),
+], ids=lambda s: resolve(s).name)
+def test_softmax_runs_under_the_previous_pv(spec):
+    """Every main-loop step issues all its exponentials (block_n / 2 values and 2 rescale factors a thread) between
+    the QK wait and the PV wait. ptxas had moved the PV wait ahead of the softmax in these kernels (v26)."""
+    built = build(resolve(spec))
+    plan = make_plan(resolve(spec))
+    per_step = {resolve(spec).block_n // 2 + 2} | ({plan.tail_n // 2 + 2} if plan.tail_n else set())
+    counts = sass.work_before_full_waits(sass.disassemble(built.compiled.cubin))
+    assert counts and set(counts) == per_step, f"exponentials before each PV wait: {counts}, want {per_step}"
+
+
+def test_work_before_full_waits_reads_the_wait_pairs():
+    text = "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate([
+        "MUFU.EX2 R1, R2", "WARPGROUP.DEPBAR.LE gsb0, 0x2", "MUFU.EX2 R1, R2", "@P0 MUFU.EX2 R3, R4",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R1, R2", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0"]))
+    assert sass.work_before_full_waits(text) == [2, 0]
+
+
 @pytest.mark.parametrize("seq_len, head_dim", ((128, 128), (128, 96), (128, 192), (1024, 128), (1024, 64)))
 def test_probe_variant_compiles(seq_len, head_dim):
     """The probe of each head dim's tile, the wide default ones (176 and 192 keys at 1024) too."""
