@@ -395,9 +395,14 @@ def _git(root: Path, *args: str, env: dict | None = None) -> str | None:
 
 def working_tree(root: Path = ROOT) -> str | None:
     """The git tree hash of the files as they stand (tracked and untracked-not-ignored), built in a scratch
-    index: it names the exact source even where .git is stale, as on the GPU machine's copy of the tree."""
+    index: it names the exact source even where .git is stale, as on the GPU machine's copy of the tree. None
+    where root is not its checkout's top level (a copy in an ignored folder of another checkout): git would see
+    that checkout's files, or none of these."""
     import tempfile
 
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != Path(root).resolve():
+        return None
     with tempfile.TemporaryDirectory() as scratch:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
         if _git(root, "add", "--all", ".", env=env) is None:

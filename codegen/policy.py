@@ -41,6 +41,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "window_right": lambda s: s.window[1],       # -1: no right bound
     "persistent": lambda s: s.persistent,
     "dense": _dense,
+    "trace": lambda s: s.trace,                  # the instrumented build (codegen/trace.py)
     # a persistent kernel whose tiles all do the same work (dense): where the tile boundary can overlap and the
     # next tile's Q can be prefetched
     "alike_tiles": lambda s: bool(s.persistent and _dense(s)),
@@ -253,6 +254,15 @@ POLICY: tuple[Choice, ...] = (
     _row("short_tail", False, OTHERWISE,
          (), "v13",
          "at block_n 208 the peeled last step spills at D=64 and D=96 (tests/test_codegen.py compiles them)"),
+    _row("pin_softmax", False, (eq("head_dim", 96), ge("block_n", 176)),
+         (), "v26b",
+         "the pin spills 52 bytes there (ptxas); without it the kernel compiles clean, its PV wait where ptxas puts it"),
+    _row("pin_softmax", False, (eq("head_dim", 256), is_("trace")),
+         (), "v26b",
+         "the traced D=256 kernel spills 8 bytes with the pin; the trace is for measuring, and compiles clean without"),
+    _row("pin_softmax", True, OTHERWISE,
+         "ab-20261204T0400Z-softmax-pin.md", ("v26", "v26b"),
+         "K's release after the row maxima keeps them before the PV wait: causal +5-15%, D=96/D=64 within 2%"),
     _row("prefetch_next_q", True, (is_("alike_tiles"), le("keys", 1024)),
          ("ab-20261130T1146Z-next-q-prefetch.json", "ab-20261130T1600Z-tile-boundary.json"), ("v14", "v17"),
          "where tiles are short the next Q's DRAM latency shows: without it (8,512,32,128) 0.066 -> 0.068 ms"),

@@ -222,6 +222,7 @@ constexpr bool kTileOverlap = false;
 constexpr bool kPrefetchQ = true;
 constexpr bool kQkOverwrites = true;
 constexpr bool kConditionalRescale = true;
+constexpr bool kPinSoftmax = true;
 constexpr bool kTailMask = false;
 constexpr bool kSinks = false;
 constexpr bool kLongTilesLast = false;
@@ -510,12 +511,23 @@ struct Softcap {
       : in(cfg::kSoftcap > 0.f ? scale_log2 * kLn2 / cfg::kSoftcap : 0.f), out(cfg::kSoftcap > 0.f ? 1.f / in : 0.f) {}
 };
 
+// 0, computed from the rescale factors: each is exp2 of something, +0 or more (a NaN is the GPU's canonical
+// positive one), so its bits are a non-negative int and the min with 0 is 0. ptxas cannot prove that, so an
+// instruction taking this as an operand waits for the factors, and so for the rows' maxima.
+static __device__ __forceinline__ u32 zero_after(const float (&alpha)[2]) {
+  int zero;
+  asm("min.s32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_int(alpha[0]) | __float_as_int(alpha[1])));
+  return static_cast<u32>(zero);
+}
+
 // Softmax of key block j over the first kCols values of S, in place: cap, mask, the rows' new running max,
 // exponentials, row sums. Leaves alpha[h], the factor O must be rescaled by once the previous PV is done.
-template <int kCols>
+// after_max(zero) runs once the maxima and alpha are known, zero a 0 that ptxas must compute from alpha (see
+// the steady step in mainloop.j2 for why).
+template <int kCols, class AfterMax>
 static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 2], int j, int q_row0, Lengths len,
                                                      int warp, int lane, float scale_log2, Softcap cap,
-                                                     RowStats& rows, float (&alpha)[2]) {
+                                                     RowStats& rows, float (&alpha)[2], AfterMax after_max) {
   if constexpr (cfg::kSoftcap > 0.f) {
 #pragma unroll
     for (int i = 0; i < kCols; ++i) sc[i] = cap.out * fast_tanh(sc[i] * cap.in);
@@ -540,20 +552,12 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
     rows.max[h] = new_max[h];
     rows.sum[h] *= alpha[h];
   }
+  after_max(zero_after(alpha));
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     sc[i] = fast_exp2(sc[i] * scale_log2 - scaled_max[row_half(i)]);
     rows.sum[row_half(i)] += sc[i];
   }
-}
-
-// 0, computed from the rows' partial sums once the softmax has written them: a sum is +0 or more (exp2s and
-// rescales of them; a NaN is the GPU's canonical positive one), so its bits are a non-negative int and the min
-// with 0 is 0. ptxas cannot prove that, so an instruction taking this as an operand waits for the softmax.
-static __device__ __forceinline__ u32 after_softmax(const RowStats& rows) {
-  int zero;
-  asm("min.s32 %0, %1, 0;" : "=r"(zero) : "r"(__float_as_int(rows.sum[0]) | __float_as_int(rows.sum[1])));
-  return static_cast<u32>(zero);
 }
 
 // O *= alpha per row, once the previous PV is done.
@@ -740,7 +744,7 @@ static __device__ __forceinline__ void pass_turn(int consumer) {
 // Once QK has read a K slot, this warp releases it. Persistent: the tile's last K slot is kept to stage O
 // (released after the store), and Q is released instead, so the producer can load the next tile's Q while
 // this one finishes.
-// `zero` is 0 at run time; a step passes after_softmax(rows), which pins its softmax ahead of this arrive.
+// `zero` is 0 at run time; a pinned step passes zero_after(alpha), which keeps the row maxima ahead of this arrive.
 static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last, u32 zero = 0) {
   __syncwarp();
   if (lane == 0) mbar_arrive(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero);
@@ -883,13 +887,20 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       trace(kEvIssued, t);
       wgmma_wait<cfg::kPvChunks>();  // QK(j) is done; the PV(j-1) chunks may still run
       trace(kEvQkDone, t);
-      softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha);
-      // S is in registers since the QK wait, so K's slot could go now; it goes after the softmax instead, its
-      // arrive's address taking a 0 that ptxas must compute from the row sums. Without that, ptxas moved
-      // the PV wait below ahead of the whole softmax (its arithmetic is free to sink past a wait), and the
-      // softmax no longer ran under PV(j-1): the causal (4096, 32, 128) kernel's SASS had no exp2 before the
-      // PV wait, 9% more cycles than FA4 in ncu (bench/LOG.md v26).
-      release_after_qk(bars, lane, s, kTail || t == n_kv - 1, after_softmax(rows));
+      // S is in registers since the QK wait, so K's slot may go now. With kPinSoftmax it goes once the row maxima
+      // are known instead, its arrive's address taking a 0 that ptxas must compute from them: ptxas is free to
+      // sink plain arithmetic past the PV wait below and had moved that wait ahead of the whole softmax (the
+      // causal (4096, 32, 128) kernel: no exp2 before it, 9% more cycles than FA4; bench/LOG.md v26). Pinning the
+      // whole softmax (the release after the sums) lost 7-12% at D=64 and 96 (v26b).
+      const bool last = kTail || t == n_kv - 1;
+      if constexpr (cfg::kPinSoftmax) {
+        softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                             [&](u32 zero) { release_after_qk(bars, lane, s, last, zero); });
+      } else {
+        release_after_qk(bars, lane, s, last);
+        softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                             [](u32) {});
+      }
       trace(kEvSoftmax, t);
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
       trace(kEvPvDone, t);
@@ -914,7 +925,8 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       wgmma_wait<0>();
       trace(kEvQkDone, 0);
       release_after_qk(bars, lane, ring_slot(ring, 0), n_kv == 1);
-      softmax_block<cfg::kBlockN / 2>(sc, tile.kv_first, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha);
+      softmax_block<cfg::kBlockN / 2>(sc, tile.kv_first, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                                      [](u32) {});
       pack_p<cfg::kBlockN / 4>(p, sc);
       trace(kEvPacked, 0);
       // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the

@@ -139,6 +139,12 @@ def main() -> int:
     summary = []
     tree = working_tree()  # before any step writes a file
     source = f"commit {git_commit(tree)}, tree {tree}"
+    if declared is not None and declared.partition(":")[2] != tree:
+        # Said at once and in the summary: such results cannot be committed as that commit's.
+        why = ("the files' tree is " + tree) if tree else f"{ROOT} is not its checkout's top level (run from there)"
+        summary.append(("commit label", "WARN", f"{COMMIT_ENV} declares tree {declared.partition(':')[2][:12]}, "
+                        f"but {why}: results are labeled {git_commit(tree)}", 0.0))
+        print(f"WARNING: {summary[-1][2]}", flush=True)
 
     if not args.skip_tests:
         rc, text, secs = run([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "-p", "no:cacheprovider",

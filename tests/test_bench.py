@@ -387,6 +387,15 @@ def test_git_commit_is_head_only_for_the_exact_files(tmp_path, monkeypatch):
     assert git_commit(None, tmp_path / "build") is not None  # inside a checkout
 
 
+def test_working_tree_is_none_below_the_checkouts_top_level(tmp_path):
+    """A copy in an ignored folder of a checkout (how bench/wip patches are run) has no tree of its own there."""
+    _repo(tmp_path, {"a.py": "1\n", ".gitignore": "copy/\n"})
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "a.py").write_text("2\n")
+    assert working_tree(tmp_path) is not None
+    assert working_tree(tmp_path / "copy") is None
+
+
 def test_git_commit_takes_the_declared_commit_when_its_tree_is_the_files(tmp_path, monkeypatch):
     """The GPU machine's copy: its .git is from an older commit, its files are a newer commit's."""
     import subprocess

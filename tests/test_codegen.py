@@ -27,6 +27,13 @@ SHORT_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, dt
                     for d, n in ((256, 80), (192, 96), (192, 112)) for dt in ("f16", "bf16") for c in (False, True)] + \
                    [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, pv_split=split)
                     for d, n, split in ((64, 96, (48, 48)), (96, 112, (112,)), (128, 80, (48, 32)))]
+# What tests/test_gpu.py compiles besides: the wide key blocks (up to the accumulator-register limit) and the
+# traced builds, so a spill there shows on the CPU first.
+WIDE_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, causal=c, dtype="bf16")
+                   for d, n in ((128, 144), (128, 176), (128, 192), (96, 176), (64, 160), (64, 208))
+                   for c in (False, True)]
+TRACED = [KernelSpec(seq_len=s, heads=16, head_dim=d, dtype=dt, trace=True)
+          for s, d, dt in ((1024, 128, "f16"), (1000, 64, "bf16"), (700, 256, "bf16"))]
 # The coverage parameters, each at every head dim, in both dtypes between them.
 COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_heads=4, causal=True, dtype="bf16")
             for d in SPLITS] + \
@@ -252,7 +259,8 @@ def test_rendered_source_takes_its_layout_numbers_from_layouts():
     assert plan.o.formula_c in source
 
 
-@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS, ids=lambda s: resolve(s).name)
+@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS + WIDE_KEY_BLOCKS + TRACED,
+                         ids=lambda s: resolve(s).name)
 def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec):
     built = build(resolve(spec))
     name = built.rendered.kernel_name
@@ -264,7 +272,7 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     assert ops["LDL"] == 0 and ops["STL"] == 0, "local memory in the kernel"
 
 
-@pytest.mark.parametrize("spec", [
+PINNED = [
     KernelSpec(seq_len=4096, heads=32, head_dim=128, causal=True, dtype="bf16"),
     KernelSpec(seq_len=4096, heads=32, head_dim=128, dtype="bf16"),  # 176 keys, persistent, a 48-key tail
     KernelSpec(seq_len=1024, heads=32, head_dim=64, causal=True, dtype="bf16"),
@@ -272,15 +280,31 @@ def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec
     KernelSpec(seq_len=4096, heads=16, head_dim=192, causal=True, dtype="bf16"),
     KernelSpec(seq_len=4096, heads=16, head_dim=256, dtype="bf16"),
     KernelSpec(seq_len=2000, heads=8, head_dim=128, window=(256, 64), softcap=30.0),
-], ids=lambda s: resolve(s).name)
-def test_softmax_runs_under_the_previous_pv(spec):
-    """Every main-loop step issues all its exponentials (block_n / 2 values and 2 rescale factors a thread) between
-    the QK wait and the PV wait. ptxas had moved the PV wait ahead of the softmax in these kernels (v26)."""
-    built = build(resolve(spec))
-    plan = make_plan(resolve(spec))
-    per_step = {resolve(spec).block_n // 2 + 2} | ({plan.tail_n // 2 + 2} if plan.tail_n else set())
-    counts = sass.work_before_full_waits(sass.disassemble(built.compiled.cubin))
-    assert counts and set(counts) == per_step, f"exponentials before each PV wait: {counts}, want {per_step}"
+]
+
+
+@pytest.mark.parametrize("spec", PINNED, ids=lambda s: resolve(s).name)
+def test_row_maxima_stay_ahead_of_the_pv_wait(spec):
+    """With the pin (Plan.pin_softmax), every main-loop step computes its rows' maxima (block_n / 2 FMNMX a thread,
+    then one per row and lane mask of the reduction) between the QK wait and the PV wait. Without it ptxas had
+    moved the PV wait ahead of the whole softmax in these kernels (bench/LOG.md v26)."""
+    spec = resolve(spec)
+    plan = make_plan(spec)
+    assert plan.pin_softmax
+    reduction = 2 * len(fragments.wgmma_accumulator_c().row_lane_masks)
+    per_step = {n // 2 + reduction for n in (spec.block_n, plan.tail_n) if n}
+    maxima = sass.work_before_full_waits(sass.disassemble(build(spec).compiled.cubin), "FMNMX")
+    assert maxima and set(maxima) == per_step, f"FMNMX before each PV wait: {maxima}, want {per_step}"
+
+
+def test_the_pin_is_off_where_it_spills():
+    """The policy's two exceptions (they spill with the pin), and both compile clean without it."""
+    for spec in (KernelSpec(seq_len=1000, heads=8, head_dim=96, block_n=176),
+                 KernelSpec(seq_len=700, heads=16, head_dim=256, dtype="bf16", trace=True)):
+        spec = resolve(spec)
+        assert not make_plan(spec).pin_softmax
+        built = build(spec)
+        assert built.compiled.spill_stores.get(built.rendered.kernel_name, 0) == 0
 
 
 def test_work_before_full_waits_reads_the_wait_pairs():

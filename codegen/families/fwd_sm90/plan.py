@@ -244,6 +244,12 @@ class Plan:
         return self.spec.head_dim >= policy.CONDITIONAL_RESCALE_MIN_HEAD_DIM
 
     @property
+    def pin_softmax(self) -> bool:
+        """Whether a steady step releases K's slot after the row maxima, its arrive's address taking a 0 computed
+        from them, so ptxas keeps the maxima ahead of the PV wait (codegen.policy; bench/LOG.md v26)."""
+        return bool(policy.choose("pin_softmax", self.spec))
+
+    @property
     def tail_mask(self) -> bool:
         """Whether some key block holds keys past the end that its QK reads: a varlen sequence's last block may
         always be partial; a short tail block (tail_n) reads up to the next 16-key slice only."""
