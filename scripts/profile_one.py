@@ -5,9 +5,10 @@
         python3 scripts/profile_one.py --shape 2,4096,16,256 [--dtype bf16] [--causal] [--knob block_n=80]
 
 Inputs are random; the result is checked against nothing (gpu tests do that). Knobs are prepare()'s tuning
-keywords, as in scripts/ab.py. `--fa4` launches FlashAttention-4's forward (flash_attn.cute, bench.peers) on the same
-inputs instead, for side-by-side profiles (`-k regex:flash_fwd|FlashAttention` for ncu). It puts the checkout's root on sys.path itself (--shape is read by the
-benchmark's parse_shape, and bench/ is not installed), so it runs from any folder without PYTHONPATH=.
+keywords, as in scripts/ab.py. `--fa4` launches FlashAttention-4's forward (flash_attn.cute, bench.peers) on the
+same inputs instead, for side-by-side profiles (`-k regex:'[Ff]lash|cutlass'` takes both kernels in ncu). It puts
+the checkout's root on sys.path itself (--shape is read by the benchmark's parse_shape, and bench/ is not
+installed), so it runs from any folder without PYTHONPATH=.
 """
 
 from __future__ import annotations
