@@ -256,7 +256,7 @@ POLICY: tuple[Choice, ...] = (
          "at block_n 208 the peeled last step spills at D=64 and D=96 (tests/test_codegen.py compiles them)"),
     _row("pin_softmax", False, (eq("head_dim", 96), ge("block_n", 176)),
          (), "v26b",
-         "the pin spills 52 bytes there (ptxas); without it the kernel compiles clean, its PV wait where ptxas puts it"),
+         "the pin spills 52 bytes there (ptxas); without it the kernel compiles clean"),
     _row("pin_softmax", False, (eq("head_dim", 256), is_("trace")),
          (), "v26b",
          "the traced D=256 kernel spills 8 bytes with the pin; the trace is for measuring, and compiles clean without"),
