@@ -5,6 +5,7 @@
     python3 scripts/ab.py --shape 1,1024,64,128 --dtype f16 --variant st2:stages=2 --variant st3:stages=3
     python3 scripts/ab.py --matrix varlen --variant tile:persistent=0 --variant persist:persistent=1
     python3 scripts/ab.py --matrix fa4 --peer fa4 --variant base: --variant n128:block_n=128
+    python3 scripts/ab.py --shape 4,1024,32,128:8 --seq-k 8192 --causal --variant base: --variant n176:block_n=176
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
 pingpong, persistent, tile_overlap, short_tail); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
@@ -16,6 +17,7 @@ measurement (the bench/ package), so the numbers are comparable with `gen.py ben
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -66,12 +68,19 @@ def flashgen_peer(name: str, kwargs: dict) -> Peer:
     return Peer(name, make)
 
 
+def shape_cases(shapes: list[str], dtype: str, causal: bool, seq_k: int | None) -> list:
+    """The --shape cases; seq_k (None: each S) makes them chunked prefills as the fa4 matrix's last rows."""
+    return [dataclasses.replace(case_from(parse_shape(s), dtype, causal), seq_k=seq_k) for s in shapes]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--matrix", choices=sorted(MATRICES))
     parser.add_argument("--shape", action="append", default=[], metavar="B,S,H,D[:KV]")
     parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--seq-k", type=int, default=None, metavar="S_K",
+                        help="keys of every --shape (a chunked prefill where longer than S; causal aligns bottom right)")
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--peer", action="append", default=[], choices=sorted(set(PEERS) - {"cudnn"}),
                         help="another implementation timed in the same rounds (a skipped one says why)")
@@ -82,7 +91,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     cases = list(MATRICES[args.matrix]) if args.matrix else []
-    cases += [case_from(parse_shape(s), args.dtype, args.causal) for s in args.shape]
+    cases += shape_cases(args.shape, args.dtype, args.causal, args.seq_k)
     if not cases:
         raise SystemExit("give --matrix or --shape")
     variants = [parse_variant(v) for v in args.variant]

@@ -1402,10 +1402,23 @@ def test_gpu_check_ends_with_the_targets_over_its_default_runs(tmp_path, monkeyp
     assert "20261130T162839Z" in (tmp_path / "targets.log").read_text()
 
 
-def test_ab_refuses_a_peer_named_like_a_variant_before_timing_anything():
+def _load_ab():
     spec = importlib.util.spec_from_file_location("ab", ROOT / "scripts" / "ab.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
+    return ab
+
+
+def test_ab_seq_k_makes_the_fa4_matrix_chunked_prefill_rows():
+    ab = _load_ab()
+    chunked = [c for c in MATRICES["fa4"] if c.seq_k != c.seq]
+    assert ab.shape_cases(["1,512,32,128:8", "4,1024,32,128:8"], "bf16", True, 8192) == chunked
+    (plain,) = ab.shape_cases(["4,1024,32,128:8"], "bf16", True, None)
+    assert (plain.seq, plain.seq_k, plain.kv_heads) == (1024, 1024, 8)
+
+
+def test_ab_refuses_a_peer_named_like_a_variant_before_timing_anything():
+    ab = _load_ab()
     with pytest.raises(SystemExit, match="must differ"):
         ab.main(["--shape", "1,128,1,64", "--variant", "fa4:", "--peer", "fa4"])
     with pytest.raises(SystemExit):  # cuDNN is every run's yardstick, not a peer to add
