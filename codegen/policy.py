@@ -236,12 +236,15 @@ POLICY: tuple[Choice, ...] = (
          "a deeper ring hides load latency: 2 -> 3 stages 0.85x -> 1.04x cuDNN (v3); 4 fit at D=64"),
 
     # --- Plan decisions with a threshold ------------------------------------------------------------------------
-    _row("conditional_rescale", True, ge("head_dim", 128),
+    _row("conditional_rescale", True, (eq("head_dim", 128), not_("causal"), le("keys", 2048)),
+         (), "v30",
+         "non-causal D=128 kernels up to 2048 keys spill 16-348 bytes without the vote (ptxas): it stays there"),
+    _row("conditional_rescale", True, ge("head_dim", 192),
          ("nvidia-h200-20261130T060851Z.json", "nvidia-h200-20261130T061359Z.json"), "v4",
-         "skip O's rescale when no row max grew (a warp vote): D=256 +3%, long shapes +1-2%; D=192 unmeasured"),
+         "skip O's rescale when no row max grew (a warp vote): D=256 +3% (v4); D=192 unmeasured; D=128 see below"),
     _row("conditional_rescale", False, OTHERWISE,
-         "nvidia-h200-20261130T071349Z.json", ("v4", "v6"),
-         "the vote costs more than it saves at D=64: (16,1024,32,64) 0.840x -> 0.900x unconditional; D=96 unmeasured"),
+         ("nvidia-h200-20261130T071349Z.json", "ab-20261204T1700Z-unconditional-rescale.md"), ("v4", "v6", "v30"),
+         "the vote costs more than it saves: D=64 0.840x -> 0.900x (v6), D=128 +3-10% since the pin (v30); D=96 ?"),
     _row("qk_overwrites", True, ge("head_dim", 128),
          ("ab-20261130T1125Z-short-tail-vs-v12.json", "ab-20261130T1133Z-short-tail-vs-v12.json"), "v13",
          "QK's first k-slice writes S: seed -1.2%, 4k -2.8%, 16k -3.3%; also where a short tail needs it (Plan.tail_n)"),
@@ -309,7 +312,6 @@ def _bound(knob: str, value: Any, field: str, op: str) -> Any:
 
 MAX_STAGES: int = next(c.value for c in rows("max_stages") if not c.where)
 PERSISTENT_MAX_STAGES: int = next(c.value for c in rows("max_stages") if c.where == (is_("persistent"),))
-CONDITIONAL_RESCALE_MIN_HEAD_DIM: int = _bound("conditional_rescale", True, "head_dim", ">=")
 QK_OVERWRITES_MIN_HEAD_DIM: int = _bound("qk_overwrites", True, "head_dim", ">=")  # Plan.qk_overwrites
 SHORT_TAIL_MAX_BLOCK_N: int = _bound("short_tail", True, "block_n", "<=")  # Plan.tail_n
 PREFETCH_Q_MAX_KEYS: int = _bound("prefetch_next_q", True, "keys", "<=")  # Plan.prefetch_next_q

@@ -142,6 +142,17 @@ def test_plan_fits_shared_memory_and_aligns_swizzled_tiles():
             assert offset % plan.smem_align == 0
 
 
+@pytest.mark.parametrize("seq, causal, head_dim, rescale", [
+    (4096, False, 128, False), (16384, False, 128, False), (3000, False, 128, False), (1024, True, 128, False),
+    (16384, True, 128, False), (2048, False, 128, True), (1000, False, 128, True), (4096, False, 256, True),
+    (4096, False, 64, False)])
+def test_the_rescale_vote_stays_only_where_it_pays_or_its_absence_spills(seq, causal, head_dim, rescale):
+    """v30: at D=128 the vote's branch cost 3-10% once the softmax was pinned; up to 2048 non-causal keys ptxas
+    spills without it (test_every_variant_compiles_without_spills_and_uses_hopper_instructions compiles those)."""
+    spec = resolve(KernelSpec(seq_len=seq, heads=16, head_dim=head_dim, dtype="bf16", causal=causal))
+    assert make_plan(spec).conditional_rescale is rescale
+
+
 @pytest.mark.parametrize("head_dim, block_n, split, stages, rescale", [
     (64, 128, (96, 32), 3, False), (96, 128, (96, 32), 3, False), (128, 128, (96, 32), 3, True),
     (192, 112, (80, 32), 2, True), (256, 64, (32, 32), 2, True)])

@@ -60,7 +60,7 @@ def test_explicit_defaults():
     assert not policy.alike_tiles(spec(1024, 128, persistent=True, varlen=True))
 
     assert (policy.MAX_STAGES, policy.PERSISTENT_MAX_STAGES) == (4, 3)
-    assert (policy.CONDITIONAL_RESCALE_MIN_HEAD_DIM, policy.QK_OVERWRITES_MIN_HEAD_DIM) == (128, 128)
+    assert policy.QK_OVERWRITES_MIN_HEAD_DIM == 128
     assert (policy.SHORT_TAIL_MAX_BLOCK_N, policy.PREFETCH_Q_MAX_KEYS) == (192, 1024)
     assert (policy.PLAIN_BOUNDARY_MIN_HEAD_DIM, policy.PLAIN_BOUNDARY_MAX_KEYS) == (128, 2048)
     assert policy.DEFAULT_BLOCK_N == {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}

@@ -241,7 +241,7 @@ class Plan:
     @property
     def conditional_rescale(self) -> bool:
         """Whether O's rescale is skipped when no row max grew (a warp vote per key block; codegen.policy)."""
-        return self.spec.head_dim >= policy.CONDITIONAL_RESCALE_MIN_HEAD_DIM
+        return bool(policy.choose("conditional_rescale", self.spec))
 
     @property
     def pin_softmax(self) -> bool:
