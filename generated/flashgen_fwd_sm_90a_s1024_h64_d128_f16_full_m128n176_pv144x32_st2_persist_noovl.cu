@@ -240,6 +240,7 @@ constexpr bool kTileOverlap = false;
 constexpr bool kPrefetchQ = true;
 constexpr bool kQkOverwrites = true;
 constexpr bool kConditionalRescale = true;
+constexpr bool kTailRescaleVote = true;
 constexpr bool kPinSoftmax = true;
 constexpr bool kTailMask = false;
 constexpr bool kSinks = false;
@@ -579,8 +580,9 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
 }
 
 // O *= alpha per row, once the previous PV is done.
+template <bool kVote>
 static __device__ __forceinline__ void rescale_o(float (&o)[cfg::kHeadDim / 2], const float (&alpha)[2]) {
-  if constexpr (cfg::kConditionalRescale) {
+  if constexpr (kVote) {
     // Only when some row's max grew (alpha = exp2(0) = 1 exactly otherwise); once the running max settles,
     // most blocks skip the multiplies. The branch is warp-uniform.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -933,7 +935,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
       trace(kEvPvDone, t);
       release_v(bars, lane, s_prev);
-      rescale_o(o, alpha);
+      rescale_o<kTail ? cfg::kTailRescaleVote : cfg::kConditionalRescale>(o, alpha);
       pack_p<kCols / 2>(p, sc);
       trace(kEvPacked, t);
     };

@@ -56,6 +56,7 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
         ("PrefetchQ", plan.prefetch_next_q),  # the next tile's Q pulled to L2 during this one
         ("QkOverwrites", plan.qk_overwrites),  # QK's first k-slice writes S without reading it
         ("ConditionalRescale", plan.conditional_rescale),  # O rescaled only when a row max grew
+        ("TailRescaleVote", plan.tail_rescale_vote),  # the same, in a short last key block's step only
         ("PinSoftmax", plan.pin_softmax),    # K released after the row maxima, which stay before the PV wait
         ("TailMask", plan.tail_mask),        # some key block reads keys past the end
         ("Sinks", s.sinks),                  # a learned logit per head joins each row's denominator

@@ -244,6 +244,11 @@ class Plan:
         return bool(policy.choose("conditional_rescale", self.spec))
 
     @property
+    def tail_rescale_vote(self) -> bool:
+        """Whether a short last key block's step keeps the vote where the steady steps dropped it (codegen.policy)."""
+        return self.conditional_rescale or bool(policy.choose("tail_rescale_vote", self.spec))
+
+    @property
     def pin_softmax(self) -> bool:
         """Whether a steady step releases K's slot after the row maxima, its arrive's address taking a 0 computed
         from them, so ptxas keeps the maxima ahead of the PV wait (codegen.policy; bench/LOG.md v26)."""
