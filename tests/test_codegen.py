@@ -32,6 +32,10 @@ SHORT_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, dt
 WIDE_KEY_BLOCKS = [KernelSpec(seq_len=1000, heads=16, head_dim=d, block_n=n, causal=c, dtype="bf16")
                    for d, n in ((128, 144), (128, 176), (128, 192), (96, 176), (64, 160), (64, 208))
                    for c in (False, True)]
+# tests/test_gpu.py's default tiles (176-key blocks and 16- to 144-key tails at D=128): at S=5000 the tail's
+# step spilled once the steady steps dropped the rescale vote (bench/LOG.md v30).
+DEFAULT_TILES = [KernelSpec(seq_len=s, heads=4, head_dim=128, dtype=dt)
+                 for s in (1024, 2048, 4096, 5000) for dt in ("f16", "bf16")]
 TRACED = [KernelSpec(seq_len=s, heads=16, head_dim=d, dtype=dt, trace=True)
           for s, d, dt in ((1024, 128, "f16"), (1000, 64, "bf16"), (700, 256, "bf16"))]
 # The coverage parameters, each at every head dim, in both dtypes between them.
@@ -270,7 +274,7 @@ def test_rendered_source_takes_its_layout_numbers_from_layouts():
     assert plan.o.formula_c in source
 
 
-@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS + WIDE_KEY_BLOCKS + TRACED,
+@pytest.mark.parametrize("spec", VARIANTS + COVERAGE + SHORT_KEY_BLOCKS + WIDE_KEY_BLOCKS + DEFAULT_TILES + TRACED,
                          ids=lambda s: resolve(s).name)
 def test_every_variant_compiles_without_spills_and_uses_hopper_instructions(spec):
     built = build(resolve(spec))
