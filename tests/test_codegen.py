@@ -155,6 +155,8 @@ def test_the_rescale_vote_stays_only_where_it_pays_or_its_absence_spills(seq, ca
     spills without it (test_every_variant_compiles_without_spills_and_uses_hopper_instructions compiles those)."""
     spec = resolve(KernelSpec(seq_len=seq, heads=16, head_dim=head_dim, dtype="bf16", causal=causal))
     assert make_plan(spec).conditional_rescale is rescale
+    # A short last key block's step keeps it at D=128 either way (S=5000 spilled without it).
+    assert make_plan(spec).tail_rescale_vote is (rescale or head_dim == 128)
 
 
 @pytest.mark.parametrize("head_dim, block_n, split, stages, rescale", [
