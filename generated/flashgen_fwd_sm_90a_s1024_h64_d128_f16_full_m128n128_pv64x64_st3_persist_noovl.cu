@@ -64,6 +64,19 @@ static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
+// A wait that may take long and is off the critical path (a producer waiting for a ring slot the consumers still
+// read): with a suspend-time hint the hardware parks the warp until the phase completes, where a plain try_wait
+// returns after a few cycles and its retry loop spins (167 retries a wait, 6% of the forward kernel's
+// instructions at (4,4096,32,128) causal: issue slots and energy under the power cap; bench/LOG.md v31).
+// The hint form: PTX ISA 7.8, sm_90. The hint is an upper bound only: the warp resumes when the phase completes.
+static constexpr u32 kSuspendHintNs = 1000000;
+static __device__ __forceinline__ void mbar_wait_parked(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity), "r"(kSuspendHintNs) : "memory");
+  } while (!done);
+}
 static __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
@@ -438,7 +451,7 @@ static __device__ __forceinline__ void producer_tiles(const Params& p, u32 bars,
         // No Q comes: one plain arrival completes the phase and the consumers read the end. Every consumer warp
         // must have seen the previous phase complete first (it has, once it released that tile's Q): a phase
         // completing unseen would leave a waiter on the old parity blocked for good.
-        if (done > 0) mbar_wait(bar(bars, kBarQEmpty), (done - 1) & 1);
+        if (done > 0) mbar_wait_parked(bar(bars, kBarQEmpty), (done - 1) & 1);
         mbar_arrive(bar(bars, kBarQFull));
         break;
       }
@@ -774,14 +787,14 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
     // released the slot's previous use. K(t) is issued before V(t-1): QK(t) is the consumers' next need.
     auto load_k = [&](int t) {
       const int s = ring_slot(ring, t);
-      if (ring + t >= cfg::kStages) mbar_wait(bar(bars, kBarKEmpty + s), ring_phase(ring, t) ^ 1);
+      if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarKEmpty + s), ring_phase(ring, t) ^ 1);
       mbar_expect_tx(bar(bars, kBarKFull + s), cfg::kKBytes);
       load_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s),
                   tile.k_start + (tile.kv_first + t) * cfg::kBlockN, tile.head_kv, tile.tma_batch);
     };
     auto load_v = [&](int t) {
       const int s = ring_slot(ring, t);
-      if (ring + t >= cfg::kStages) mbar_wait(bar(bars, kBarVEmpty + s), ring_phase(ring, t) ^ 1);
+      if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarVEmpty + s), ring_phase(ring, t) ^ 1);
       mbar_expect_tx(bar(bars, kBarVFull + s), cfg::kVBytes);
       load_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s),
                   tile.k_start + (tile.kv_first + t) * cfg::kBlockN, tile.head_kv, tile.tma_batch);
@@ -812,7 +825,7 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
       // later block waits for this tile's consumers, who need Q first: Q must go before them.
       const int early = min(n_kv, cfg::kStages - 1);
       for (int t = 0; t < early; ++t) load_kv(t);
-      if (done > 0) mbar_wait(bar(bars, kBarQEmpty), (done - 1) & 1);
+      if (done > 0) mbar_wait_parked(bar(bars, kBarQEmpty), (done - 1) & 1);
       load_q();
       if constexpr (cfg::kTileOverlap) {
         // K(early)'s slot staged the previous tile's O and frees only after that store; V(early - 1)'s frees at
