@@ -42,6 +42,9 @@ QUERIES = tuple((("timestamp", "clocks.sm", power) + rest)
                              ("enforced.power.limit", "clocks_throttle_reasons.active"), ()))
 SAMPLE_MS = 20
 SETTLE_S = 0.3  # the start of each window is left out: the clock moves when the load changes
+# A window has settled from the first sample after which every sample is within this of its settled median
+# (nvidia-smi reports the SM clock in 15 MHz steps).
+SETTLE_TOLERANCE_MHZ = 15.0
 
 
 def decode_reasons(mask: int) -> tuple[str, ...]:
@@ -95,9 +98,25 @@ class Window:
     flops: float  # per call
 
 
+def settle_ms(window: Window, samples: list[Sample], settled_mhz: float,
+              tolerance_mhz: float = SETTLE_TOLERANCE_MHZ) -> float | None:
+    """Milliseconds from the window's start to its first sample after which the clock stays within tolerance_mhz
+    of settled_mhz: how long the power controller took to move from the clock the previous load left. None when
+    even the last sample is outside."""
+    inside = sorted((s for s in samples if window.start <= s.t <= window.end), key=lambda s: s.t)
+    settled_from = None
+    for s in inside:
+        if abs(s.sm_mhz - settled_mhz) > tolerance_mhz:
+            settled_from = None
+        elif settled_from is None:
+            settled_from = s.t
+    return None if settled_from is None else (settled_from - window.start) * 1000.0
+
+
 def summarize(window: Window, samples: list[Sample], settle_s: float = SETTLE_S) -> dict:
     """Median clock, power and limit over the window's samples (after settle_s), the union of the reasons seen,
-    and energy per call = median power x time per call."""
+    energy per call = median power x time per call, and the clock at the window's first sample with the time it
+    took to settle (settle_ms)."""
     inside = [s for s in samples if window.start + settle_s <= s.t <= window.end]
     out = {"impl": window.name, "ms": window.ms, "tflops": window.flops / window.ms / 1e9, "samples": len(inside)}
     if not inside:
@@ -110,6 +129,8 @@ def summarize(window: Window, samples: list[Sample], settle_s: float = SETTLE_S)
     out.update(sm_mhz=statistics.median(s.sm_mhz for s in inside), watts=watts,
                limit_w=statistics.median(limits) if limits else None,
                reasons=list(decode_reasons(mask)), energy_mj=watts * window.ms)  # W x ms = mJ
+    whole = sorted((s for s in samples if window.start <= s.t <= window.end), key=lambda s: s.t)
+    out.update(start_mhz=whole[0].sm_mhz, settle_ms=settle_ms(window, samples, out["sm_mhz"]))
     return out
 
 
@@ -171,13 +192,15 @@ class Sampler:
 def table(rows: list[dict]) -> str:
     """The printed table: one row per window."""
     head = f"{'impl':14s} {'round':>5s} {'ms':>8s} {'TFLOPS':>7s} {'SM MHz':>7s} {'W':>6s} {'limit W':>7s} " \
-           f"{'mJ/call':>8s}  clock limited by"
+           f"{'mJ/call':>8s} {'from MHz':>8s} {'settle ms':>9s}  clock limited by"
     lines = [head, "-" * len(head)]
     for r in rows:
         if "sm_mhz" not in r:
             lines.append(f"{r['impl']:14s} {r.get('round', 0):5d} {r['ms']:8.4f} {r['tflops']:7.1f}  (no samples)")
             continue
         limit = f"{r['limit_w']:7.0f}" if r.get("limit_w") else f"{'-':>7s}"
+        settle = f"{r['settle_ms']:9.0f}" if r.get("settle_ms") is not None else f"{'never':>9s}"
         lines.append(f"{r['impl']:14s} {r.get('round', 0):5d} {r['ms']:8.4f} {r['tflops']:7.1f} {r['sm_mhz']:7.0f} "
-                     f"{r['watts']:6.0f} {limit} {r['energy_mj']:8.2f}  {', '.join(r['reasons']) or 'nothing'}")
+                     f"{r['watts']:6.0f} {limit} {r['energy_mj']:8.2f} {r['start_mhz']:8.0f} {settle}  "
+                     f"{', '.join(r['reasons']) or 'nothing'}")
     return "\n".join(lines)

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """SM clock, board power and energy per call while cuDNN and flashgen each run back to back (GPU machine).
 
-    python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2]
+    python3 scripts/clocks.py [--shape 1,1024,64,128] [--dtype f16] [--seconds 1.5] [--rounds 2] [--gap 0.3]
                                            [--variant NAME:KNOB=VALUE,...] [--peer fa4] [--json FILE]
     python3 scripts/clocks.py --backward [--causal] --shape 4,4096,32,128 --dtype bf16
 
-Each implementation runs for --seconds in turn, for --rounds rounds, while nvidia-smi samples the clock every
-20 ms (bench/clocks.py says why this matters: under the board's power cap, time follows energy per call,
-not cycles). Variants take scripts/ab.py's knobs; `base:` (flashgen's defaults) is always run. --backward runs
-the backward instead (flashgen's kernels on a saved o and lse, cuDNN's .backward(), as the backward matrix times
-them; no variants). Reads clocks only: nothing on the GPU is changed.
+Each implementation runs for --seconds in turn (--gap seconds idle between them), for --rounds rounds, while
+nvidia-smi samples the clock every 20 ms (bench/clocks.py says why this matters: under the board's power cap,
+time follows energy per call, not cycles). Each row also has the clock at its window's first sample ("from
+MHz", what the previous load or the idle gap left) and how long the clock took to settle: with --gap 0 that is
+how long a benchmark slot runs at its predecessor's clock. Variants take scripts/ab.py's knobs; `base:`
+(flashgen's defaults) is always run. --backward runs the backward instead (flashgen's kernels on a saved o and
+lse, cuDNN's .backward(), as the backward matrix times them; no variants). Reads clocks only: nothing on the GPU is
+changed.
 """
 
 from __future__ import annotations
@@ -43,9 +46,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--backward", action="store_true", help="the backward pass (flashgen's and cuDNN's)")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--gap", type=float, default=0.3,
+                        help="seconds idle between windows; 0 runs them back to back, as the benchmark's slots are")
     args = parser.parse_args(argv)
     if args.backward and (args.variant or args.peer):
         parser.error("--backward takes no --variant or --peer")
+    if args.gap < 0:
+        parser.error("--gap must be >= 0 seconds")
     if args.seconds <= clocks.SETTLE_S:
         parser.error(f"--seconds must exceed the {clocks.SETTLE_S} s the clock is given to settle")
 
@@ -96,7 +103,7 @@ def main(argv: list[str]) -> int:
                     last.record()
                     torch.cuda.synchronize()
                 windows.append((rnd, clocks.Window(name, start, time.time(), first.elapsed_time(last) / calls, flops)))
-                time.sleep(0.3)
+                time.sleep(args.gap)
     samples = sampler.samples()
     rows = [dict(clocks.summarize(w, samples), round=rnd) for rnd, w in windows]
     print(f"{case.label}: each implementation {args.seconds} s back to back, {args.rounds} rounds; "

@@ -60,6 +60,20 @@ def test_a_window_takes_only_its_settled_samples():
     assert row["energy_mj"] == pytest.approx(640 * 0.0672)
     assert row["tflops"] == pytest.approx(34.36e9 / 0.0672 / 1e9)
     assert "sw power cap, hw slowdown" in clocks.table([dict(row, round=0)])
+    # the clock the previous load left (1980), and settled from the sample at 0.5 s
+    assert (row["start_mhz"], row["settle_ms"]) == (1980, pytest.approx(500.0))
+
+
+def test_settling_restarts_when_the_clock_leaves_the_band():
+    t0 = 1000.0
+    window = clocks.Window("fa4", t0, t0 + 1.0, ms=1.0, flops=1e12)
+    mhz = [1665, 1605, 1650, 1605, 1590, 1605]  # in band of 1605 at 0.1, out at 0.2 and 0.4 (beyond 15 MHz)
+    samples = [clocks.Sample(t0 + 0.1 * (i + 1), m, 700, 700, 0x4) for i, m in enumerate(mhz)]
+    assert clocks.settle_ms(window, samples, 1605) == pytest.approx(400.0)
+    assert clocks.settle_ms(window, samples[:3], 1605) is None  # ends outside the band: it never settled
+    row = clocks.summarize(window, samples[:3], settle_s=0.0)  # median 1650: in band from 0.3 s
+    assert (row["start_mhz"], row["settle_ms"]) == (1665, pytest.approx(300.0))
+    assert "never" in clocks.table([dict(row, settle_ms=None, round=0)])
 
 
 def test_a_window_without_samples_says_so():
