@@ -65,9 +65,9 @@ static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   } while (!done);
 }
 // A wait that may take long and is off the critical path (a producer waiting for a ring slot the consumers still
-// read): with a suspend-time hint the hardware parks the warp until the phase completes, where a plain try_wait
-// returns after a few cycles and its retry loop spins (167 retries a wait, 6% of the forward kernel's
-// instructions at (4,4096,32,128) causal: issue slots and energy under the power cap; bench/LOG.md v31).
+// read): with a suspend-time hint ptxas sleeps the warp (NANOSLEEP.SYNCS) until the phase completes, where a plain
+// try_wait returns after some 16 cycles and its loop spins (167 retries a wait, 6% of the forward kernel's
+// instructions at (4,4096,32,128) causal). Measured a tie in time and energy (bench/LOG.md v31).
 // The hint form: PTX ISA 7.8, sm_90. The hint is an upper bound only: the warp resumes when the phase completes.
 static constexpr u32 kSuspendHintNs = 1000000;
 static __device__ __forceinline__ void mbar_wait_parked(u32 bar, u32 parity) {
