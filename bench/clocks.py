@@ -98,14 +98,18 @@ class Window:
     flops: float  # per call
 
 
+def in_window(window: Window, samples: list[Sample], settle_s: float = 0.0) -> list[Sample]:
+    """The window's samples from settle_s after its start to its end, in time order."""
+    return sorted((s for s in samples if window.start + settle_s <= s.t <= window.end), key=lambda s: s.t)
+
+
 def settle_ms(window: Window, samples: list[Sample], settled_mhz: float,
               tolerance_mhz: float = SETTLE_TOLERANCE_MHZ) -> float | None:
     """Milliseconds from the window's start to its first sample after which the clock stays within tolerance_mhz
     of settled_mhz: how long the power controller took to move from the clock the previous load left. None when
     even the last sample is outside."""
-    inside = sorted((s for s in samples if window.start <= s.t <= window.end), key=lambda s: s.t)
     settled_from = None
-    for s in inside:
+    for s in in_window(window, samples):
         if abs(s.sm_mhz - settled_mhz) > tolerance_mhz:
             settled_from = None
         elif settled_from is None:
@@ -117,7 +121,7 @@ def summarize(window: Window, samples: list[Sample], settle_s: float = SETTLE_S)
     """Median clock, power and limit over the window's samples (after settle_s), the union of the reasons seen,
     energy per call = median power x time per call, and the clock at the window's first sample with the time it
     took to settle (settle_ms)."""
-    inside = [s for s in samples if window.start + settle_s <= s.t <= window.end]
+    inside = in_window(window, samples, settle_s)
     out = {"impl": window.name, "ms": window.ms, "tflops": window.flops / window.ms / 1e9, "samples": len(inside)}
     if not inside:
         return out
@@ -129,8 +133,7 @@ def summarize(window: Window, samples: list[Sample], settle_s: float = SETTLE_S)
     out.update(sm_mhz=statistics.median(s.sm_mhz for s in inside), watts=watts,
                limit_w=statistics.median(limits) if limits else None,
                reasons=list(decode_reasons(mask)), energy_mj=watts * window.ms)  # W x ms = mJ
-    whole = sorted((s for s in samples if window.start <= s.t <= window.end), key=lambda s: s.t)
-    out.update(start_mhz=whole[0].sm_mhz, settle_ms=settle_ms(window, samples, out["sm_mhz"]))
+    out.update(start_mhz=in_window(window, samples)[0].sm_mhz, settle_ms=settle_ms(window, samples, out["sm_mhz"]))
     return out
 
 
