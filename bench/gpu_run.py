@@ -20,15 +20,38 @@ from .peers import Peer, Unavailable, peer_names, peers_for
 from .report import BenchResult, Row, _short, finalize, gpu_meta, host_meta
 
 TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the slow peers
-# Each implementation is timed in ROUNDS rounds, interleaved with the others, so that a clock drifting during the
-# run moves every implementation alike. Timed one after another, identical kernels gave 0.94x-1.11x cuDNN at
-# D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
-ROUNDS = 5
+# Each implementation is timed in at least MIN_ROUNDS rounds, interleaved with the others, so that a clock drifting
+# during the run moves every implementation alike. Timed one after another, identical kernels gave 0.94x-1.11x
+# cuDNN at D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
+# Under the power cap a slot also runs at the clock its predecessor left for 0.1-0.7 s (scripts/clocks.py --gap 0),
+# longer than most slots: round_orders makes every implementation follow every other equally often.
+MIN_ROUNDS = 5
 ROUND_WARMUP = 2
 # A user's call (attention()) must compute what its kernel computes: a rel err above this multiple of the prepared
 # kernel's (plus CALL_ERR_SLACK) makes it an error, not a time. Two correct kernels' errors differ by a few percent.
 CALL_ERR_FACTOR = 2.0
 CALL_ERR_SLACK = 1e-6
+
+
+def round_orders(n: int, min_rounds: int = MIN_ROUNDS) -> list[list[int]]:
+    """The order of n implementations in each timing round: a Williams design (within the rounds, each one directly
+    follows each other one equally often, so no one always inherits the clock of the same predecessor), its
+    sequences chained so a round starts where the last one ended where the design allows, and repeated to at least
+    min_rounds rounds."""
+    if n <= 1:
+        return [[0] * n for _ in range(min_rounds)]
+    first = [0]
+    for step in range(1, n):
+        first.append((first[-1] + (step if step % 2 else -step)) % n)  # 0, 1, n-1, 2, n-2, ...
+    design = [[(x + shift) % n for x in first] for shift in range(n)]
+    if n % 2:  # an odd n balances only with the reversed sequences as well
+        design += [seq[::-1] for seq in design]
+    chained = [design.pop(0)]
+    while design:
+        follow = next((seq for seq in design if seq[0] == chained[-1][-1]), design[0])
+        design.remove(follow)
+        chained.append(follow)
+    return chained * math.ceil(min_rounds / len(chained))
 
 
 def iterations_within(budget_ms: float, estimate_ms: float, iters: int, floor: int = 10) -> int:
@@ -137,8 +160,12 @@ def _prepare_call(torch, timing: _Timing, case: Case, inputs: Inputs) -> None:
         timing.next_user_call = itertools.cycle(calls).__next__
 
 
-def _time_round(torch, timing: _Timing, *, warmup: int) -> None:
-    iters = max(1, math.ceil(timing.iters / ROUNDS))
+def round_iters(total: int, rounds: int, r: int) -> int:
+    """Round r's share of total iterations over `rounds` rounds (the shares add up to total; at least 1)."""
+    return max(1, total * (r + 1) // rounds - total * r // rounds)
+
+
+def _time_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None:
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
             timing.samples += time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters)
@@ -146,9 +173,8 @@ def _time_round(torch, timing: _Timing, *, warmup: int) -> None:
         timing.error = f"{type(e).__name__}: {e}"
 
 
-def _time_call_round(torch, timing: _Timing, *, warmup: int) -> None:
+def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None:
     """One round of the user's call: as many calls as the kernel's round, by time_call_samples."""
-    iters = max(1, math.ceil(timing.iters / ROUNDS))
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
             timing.call_samples += time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup,
@@ -182,7 +208,7 @@ def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: in
 def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchConfig,
                      check_fault: bool = False) -> list[Row]:
     """Rows for (peer, split) entries on one case, in their order: each is prepared (_prepare), then all are
-    timed in ROUNDS interleaved rounds (forward, then backward), and each row's time is the median of its
+    timed in interleaved rounds (in round_orders' orders), and each row's time is the median of its
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
     (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds; so has the
@@ -193,16 +219,19 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     for peer, split in entries:
         slots.append(_prepare(torch, peer, split, case, inputs, config, with_call=with_calls))
         _raise_on_fault(torch, check_fault, slots, case, peer.name)
-    # (timing, user_call) slots: each kernel, followed by its user call where it has one.
-    timed = [(s, user_call) for s in slots if isinstance(s, _Timing)
-             for user_call in ((False, True) if s.next_user_call else (False,))]
-    for r in range(ROUNDS):
-        for timing, user_call in timed if r % 2 == 0 else timed[::-1]:
+    # Each implementation's slots: its kernel, followed by its user call where it has one.
+    timings = [s for s in slots if isinstance(s, _Timing)]
+    orders = round_orders(len(timings), MIN_ROUNDS)
+    for r, order in enumerate(orders):
+        timed = [(timings[i], user_call) for i in order
+                 for user_call in ((False, True) if timings[i].next_user_call else (False,))]
+        for timing, user_call in timed:
             warmup = config.warmup if r == 0 else ROUND_WARMUP
+            iters = round_iters(timing.iters, len(orders), r)
             if user_call and timing.error is None and timing.call_error is None:
-                _time_call_round(torch, timing, warmup=warmup)
+                _time_call_round(torch, timing, warmup=warmup, iters=iters)
             elif not user_call and timing.error is None:
-                _time_round(torch, timing, warmup=warmup)
+                _time_round(torch, timing, warmup=warmup, iters=iters)
             else:
                 continue
             _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))
@@ -259,7 +288,8 @@ def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[R
         return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}")
                        for name in peer_names(case, config.peers)], cuda_fault(torch)
     entries = peers_for(case, config, block_n)
-    progress(f"  {len(entries)} implementations: error each, then timed in {ROUNDS} interleaved rounds")
+    progress(f"  {len(entries)} implementations: error each, then timed in {len(round_orders(len(entries)))} "
+             "interleaved rounds")
     fault = None
     try:
         measured = measure_together(torch, entries, case, inputs, config, check_fault=True)
@@ -295,7 +325,8 @@ def run_meta(torch, config: BenchConfig, matrix: str | None, **extra) -> dict:
     """What a GPU run records: the GPU and host facts, the command, the timing settings, and `extra`."""
     now = _dt.datetime.now(_dt.timezone.utc)
     return {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": ROUNDS, "seed": config.seed, "matrix": matrix, **extra}
+            "timing_rounds": f"{MIN_ROUNDS} or more, in round_orders' orders", "seed": config.seed, "matrix": matrix,
+            **extra}
 
 
 def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:

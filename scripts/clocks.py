@@ -5,9 +5,10 @@
                                            [--variant NAME:KNOB=VALUE,...] [--peer fa4] [--json FILE]
     python3 scripts/clocks.py --backward [--causal] --shape 4,4096,32,128 --dtype bf16
 
-Each implementation runs for --seconds in turn (--gap seconds idle between them), for --rounds rounds, while
-nvidia-smi samples the clock every 20 ms (bench/clocks.py says why this matters: under the board's power cap,
-time follows energy per call, not cycles). Each row also has the clock at its window's first sample ("from
+Each implementation runs for --seconds in turn (--gap seconds idle between them), for --rounds rounds in the
+benchmark's orders (bench.gpu_run.round_orders: with three implementations, six rounds have each directly follow
+each other twice), while nvidia-smi samples the clock every 20 ms (bench/clocks.py says why this matters:
+under the board's power cap, time follows energy per call, not cycles). Each row also has the clock at its window's first sample ("from
 MHz", what the previous load or the idle gap left) and how long the clock took to settle: with --gap 0 that is
 how long a benchmark slot runs at its predecessor's clock. Variants take scripts/ab.py's knobs; `base:`
 (flashgen's defaults) is always run. --backward runs the backward instead (flashgen's kernels on a saved o and
@@ -28,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import clocks
 from bench.cases import case_from, parse_shape
+from bench.gpu_run import round_orders
 from bench.inputs import make_inputs
 from bench.peers import PEERS, Unavailable, _no_context, _sdpa_backend
 from scripts.ab import flashgen_peer, parse_variant
@@ -53,6 +55,8 @@ def main(argv: list[str]) -> int:
         parser.error("--backward takes no --variant or --peer")
     if args.gap < 0:
         parser.error("--gap must be >= 0 seconds")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     if args.seconds <= clocks.SETTLE_S:
         parser.error(f"--seconds must exceed the {clocks.SETTLE_S} s the clock is given to settle")
 
@@ -86,8 +90,10 @@ def main(argv: list[str]) -> int:
     windows = []
     with clocks.Sampler() as sampler:
         print(f"nvidia-smi fields: {','.join(sampler.query)}", flush=True)
-        for rnd in range(args.rounds):
-            for name, (call, context) in impls.items():
+        names = list(impls)
+        for rnd, order in enumerate(round_orders(len(names), args.rounds)[:args.rounds]):
+            for name in (names[i] for i in order):
+                call, context = impls[name]
                 with context(torch):
                     for _ in range(20):
                         call()

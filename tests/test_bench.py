@@ -3,6 +3,7 @@ bookkeeping (with a stand-in for torch.cuda) and the compile-time report (real N
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import itertools
@@ -22,7 +23,7 @@ from bench.cases import (BenchUsageError, Case, MATRICES, VARLEN_16K, VARLEN_4K,
 from bench.cli import bench_main
 from bench.compile_timing import compile_specs, fresh_cache_dir
 from bench.config import ALL_PEERS, MATRIX_PEERS, parse_config
-from bench.gpu_run import iterations_within, measure, measure_together, run_gpu, snr_db_from
+from bench.gpu_run import iterations_within, measure, measure_together, round_orders, run_gpu, snr_db_from
 from bench.inputs import (Inputs, MAX_INPUT_SETS, cu_seqlens_of, input_set_count, key_padding_bias, make_varlen_inputs,
     pad_packed, padded_rows, unpad, varlen_reference)
 from bench.peers import (PEERS, Peer, Unavailable, VARLEN_PEER_IMPLS, _flash_varlen_calls, _flashgen_varlen_calls,
@@ -489,20 +490,38 @@ def test_implementations_are_timed_in_interleaved_rounds(monkeypatch):
     entries = [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)]
     a, b = measure_together(gpu, entries, SEED, Inputs(sets=(), ref=None), config)
     runs = [(name, len(list(group))) for name, group in itertools.groupby(gpu.log)]
-    # Each: a first call and 1 + 3 estimate calls. Then 5 rounds of 3 (first round) or 2 warm-up calls and 10
-    # timed ones, in the order a b | b a | a b | b a | a b, so neighbouring rounds' blocks merge.
-    assert gpu_run.ROUNDS == 5 and gpu_run.ROUND_WARMUP == 2
-    assert runs == [("a", 5), ("b", 5), ("a", 13), ("b", 13 + 12), ("a", 24), ("b", 24), ("a", 24), ("b", 12)]
+    # Each: a first call and 1 + 3 estimate calls. Then round_orders' 6 rounds of 3 (first round) or 2 warm-up
+    # calls and 8 or 9 timed ones (50 in all), in the order a b | b a | a b | b a | a b | b a, so neighbouring
+    # rounds' blocks merge.
+    assert gpu_run.MIN_ROUNDS == 5 and gpu_run.ROUND_WARMUP == 2
+    assert [gpu_run.round_iters(50, 6, r) for r in range(6)] == [8, 8, 9, 8, 8, 9]
+    assert runs == [("a", 5), ("b", 5), ("a", 11), ("b", 11 + 10), ("a", 10 + 11), ("b", 11 + 10), ("a", 10 + 10),
+                    ("b", 10 + 11), ("a", 11)]
     assert a.iters == b.iters == 50
     # The clock slowed by 80% over the run, yet b's time stays near twice a's: both saw the same drift.
     assert b.ms / a.ms == pytest.approx(2.0, rel=0.03)
     assert a.rel_err == 0.0 and a.ok and b.ok
     # Timed one after the other (one round), b would look 12% slower than it is.
-    monkeypatch.setattr(gpu_run, "ROUNDS", 1)
+    monkeypatch.setattr(gpu_run, "round_orders", lambda n, min_rounds: [list(range(n))])
     gpu = _DriftingGpu()
     a, b = measure_together(gpu, [(gpu.peer("a", 1.0), None), (gpu.peer("b", 2.0), None)], SEED,
                                   Inputs(sets=(), ref=None), config)
     assert b.ms / a.ms > 2.2
+
+
+def test_round_orders_are_a_williams_design():
+    # Exact orders: two alternate; three run all six permutations, each round starting where the last ended.
+    assert round_orders(1, 5) == [[0]] * 5
+    assert round_orders(2, 5) == [[0, 1], [1, 0]] * 3
+    assert round_orders(3, 5) == [[0, 1, 2], [2, 0, 1], [1, 2, 0], [0, 2, 1], [1, 0, 2], [2, 1, 0]]
+    assert round_orders(4, 5) == [[0, 1, 3, 2], [2, 3, 1, 0], [1, 2, 0, 3], [3, 0, 2, 1]] * 2
+    for n in range(2, 9):
+        orders = round_orders(n, 5)
+        assert len(orders) >= 5 and all(sorted(order) == list(range(n)) for order in orders)
+        # Within the rounds every implementation directly follows every other one equally often.
+        follows = collections.Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+        assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+        assert len(set(follows.values())) == 1
 
 
 def test_a_peer_failing_mid_timing_keeps_its_error_and_the_others_their_times(monkeypatch):
@@ -636,14 +655,14 @@ def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch
     assert (d["ms"], d["call_ms"]) == (best.ms, best.call_ms)
     assert (d["ratio_to_cudnn"], d["call_vs_cudnn"]) == (best.ratio_to_cudnn, best.call_vs_cudnn)
     assert d["call_rel_err"] == 2.0e-3 and d["call_error"] is None
-    # Each call has its own slot right after its kernel's, in the same interleaved rounds (forward, backward, ...):
-    # first, second and third blocks of the log are the checks, then the rounds' blocks (neighbours merge).
+    # Each call has its own slot right after its kernel's, in the same interleaved rounds (round_orders: cuDNN
+    # first, then ours first, ...): the first block of four is the checks, then six rounds.
     blocks = [name for name, _ in itertools.groupby(gpu.log)]
-    forward, backward = ["cudnn", "cudnn call", "kernel", "attention"], ["attention", "kernel", "cudnn call", "cudnn"]
-    expected = forward + forward + backward[1:] + forward[1:] + backward[1:] + forward[1:]
-    assert blocks == expected
-    # 50 timed calls of each (10 a round), on top of the first call, warm-ups and the one call before each chain.
-    assert gpu.log.count("attention") == 1 + 5 * 10 + 3 + 4 * 2 + 5
+    cudnn_first = ["cudnn", "cudnn call", "kernel", "attention"]
+    ours_first = ["kernel", "attention", "cudnn", "cudnn call"]
+    assert blocks == cudnn_first + (cudnn_first + ours_first) * 3
+    # 50 timed calls of each (8 or 9 a round), on top of the first call, warm-ups and the one call before each chain.
+    assert gpu.log.count("attention") == 1 + 50 + 3 + 5 * 2 + 6
 
 
 @pytest.mark.parametrize("kind, why", [
