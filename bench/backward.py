@@ -470,7 +470,7 @@ def _progress_line(r: BackwardRow) -> str:
 def bench_backward_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[BackwardRow], str | None]:
     """Every implementation on one case, in gpu_run.measure_together's interleaved rounds; (rows, why the CUDA
     context died, or None)."""
-    from .gpu_run import _ContextLost, cuda_fault, measure_together, round_orders
+    from .gpu_run import _ContextLost, cuda_fault, measure_together
 
     try:
         inputs, grads = make_backward_inputs(torch, case)
@@ -478,7 +478,7 @@ def bench_backward_case(torch, case: Case, config: BenchConfig, progress) -> tup
         return skipped_rows(case, f"inputs: {type(e).__name__}: {e}", config.peers, error=True), cuda_fault(torch)
     entries = backward_entries(config.peers, grads)
     progress(f"  {len(inputs.sets)} input set(s); {len(entries)} entries (backward, forward + backward), timed in "
-             f"{len(round_orders(len(entries)))} interleaved rounds")
+             "interleaved rounds (round_orders: each follows each other equally often)")
     fault = None
     try:
         measured = measure_together(torch, entries, case, inputs, config, check_fault=True)

@@ -542,7 +542,7 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
     context died, or None)."""
     from codegen import decode
 
-    from .gpu_run import _ContextLost, cuda_fault, measure_together, round_orders
+    from .gpu_run import _ContextLost, cuda_fault, measure_together
 
     need, free = case.memory_bytes + MEMORY_HEADROOM_BYTES, _free_bytes(torch)
     if need > free:
@@ -557,7 +557,7 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
     entries = [(sdpa_peer(impl, case, forms), None) for impl in DECODE_IMPLS if impl in SDPA_BACKENDS]
     entries += [(flashgen_peer(case.page_size), None)]  # last: if ours faults the context, the peers are measured
     progress(f"  {case.input_sets} input set(s) of {case.set_bytes / 2**20:.1f} MiB; {len(entries)} implementations, "
-             f"timed in {len(round_orders(len(entries)))} interleaved rounds")
+             "timed in interleaved rounds (round_orders: each follows each other equally often)")
     fault = None
     try:
         measured = measure_together(torch, entries, case.bench_case, inputs, config, check_fault=True)

@@ -288,8 +288,8 @@ def bench_case(torch, case: Case, config: BenchConfig, progress) -> tuple[list[R
         return rows + [Row(name, case, error=f"inputs: {type(e).__name__}: {e}")
                        for name in peer_names(case, config.peers)], cuda_fault(torch)
     entries = peers_for(case, config, block_n)
-    progress(f"  {len(entries)} implementations: error each, then timed in {len(round_orders(len(entries)))} "
-             "interleaved rounds")
+    progress(f"  {len(entries)} implementations: error each, then timed in "
+             "interleaved rounds (round_orders: each follows each other equally often)")
     fault = None
     try:
         measured = measure_together(torch, entries, case, inputs, config, check_fault=True)
