@@ -122,13 +122,25 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class Grid:
     """One CTA per (query tile, head, batch entry), or, persistent, at most one per SM, the CTAs taking the
-    tiles from a 32-bit counter (which the kernel advances past the last tile by up to one per CTA)."""
+    tiles from a 32-bit counter (which the kernel advances past the last tile by up to one per CTA). `cluster` > 1:
+    that many consecutive query tiles launch as one cluster (which the tile count must fill)."""
 
     persistent: bool
     heads: int
+    cluster: int = 1
+
+    def __post_init__(self):
+        assert self.cluster == 1 or not self.persistent, "clusters of a persistent grid are not a rule of this grid"
+
+    @property
+    def cluster_dims(self) -> tuple[int, int, int] | None:
+        """The launch's cluster shape, or None for a launch without clusters."""
+        return (self.cluster, 1, 1) if self.cluster > 1 else None
 
     def dims(self, *, tiles_m: int, batch: int, sms: int = 0) -> tuple[int, int, int]:
         if not self.persistent:
+            if tiles_m % self.cluster:
+                raise GridError(f"{tiles_m} query tiles do not fill clusters of {self.cluster}")
             return (tiles_m, self.heads, batch)
         if sms < 1:
             raise ValueError("a persistent kernel's grid needs the device's SM count")
@@ -151,7 +163,8 @@ class Grid:
         if self.persistent:
             return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {self.heads}",
                     "y": "1", "z": "1"}
-        return {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches}
+        dims = {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches}
+        return dims | ({"cluster": f"({self.cluster}, 1, 1)"} if self.cluster > 1 else {})
 
 
 @dataclass(frozen=True)

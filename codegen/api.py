@@ -124,7 +124,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return attention(query, key, value, causal=is_causal, scale=scale, layout="bhsd")
 
 
-TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "short_tail", "trace")
+TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "trace")
 MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
 
@@ -196,6 +196,13 @@ class PreparedAttention:
         self.offsets = offsets  # varlen: (cu_seqlens_q, cu_seqlens_k), read by address at every launch
         self.sinks = sinks  # the (H,) logits, read by address at every launch
         self.tile_counter = tile_counter  # persistent: the device int the CTAs take tiles from
+        cluster = built.plan.abi.grid.cluster_dims
+        if cluster:
+            from .launcher import ConfiguredLaunch
+
+            self._clustered = ConfiguredLaunch(kernel, grid, built.plan.threads, cluster)
+        else:
+            self._clustered = None
 
     @property
     def spec(self) -> KernelSpec:
@@ -207,19 +214,22 @@ class PreparedAttention:
         from . import driver
 
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        driver.launch(self.kernel, self.grid, self.built.plan.threads, stream, self.args)
+        if self._clustered is not None:
+            self._clustered(stream, self.args)
+        else:
+            driver.launch(self.kernel, self.grid, self.built.plan.threads, stream, self.args)
         return self.o
 
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
             sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
-            tile_overlap: bool | None = None, short_tail: bool = True, trace: bool = False,
-            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
+            tile_overlap: bool | None = None, multicast: bool | None = None, short_tail: bool = True,
+            trace: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
             max_seqlen_k: int | None = None) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages, pingpong, persistent, tile_overlap and short_tail are the tuning knobs
+    pv_split, block_n, stages, pingpong, persistent, tile_overlap, multicast and short_tail are the tuning knobs
     of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
     measured choices of codegen.policy. `sinks` as in `attention`. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
@@ -230,7 +240,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     from . import driver
 
     tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent,
-                  tile_overlap=tile_overlap, short_tail=short_tail, trace=trace)
+                  tile_overlap=tile_overlap, multicast=multicast, short_tail=short_tail, trace=trace)
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                          pv_split=pv_split, tuning=tuning, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)

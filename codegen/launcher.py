@@ -128,6 +128,8 @@ class Launcher:
         plan = built.plan
         self.block, self.smem = plan.threads, plan.smem.total
         self.persistent = bool(plan.spec.persistent)
+        cluster = plan.abi.grid.cluster_dims
+        self._clustered = ConfiguredLaunch(kernel, grid, self.block, cluster) if cluster else None
         self.map_params = map_params
         self._maps = {op: TensorMapCache(params, MAPS_PER_OPERAND) for op, params in map_params.items()}
         values = dict(fixed)
@@ -162,7 +164,10 @@ class Launcher:
                 self._sinks.value = sinks
             if self.persistent:
                 self._counter.value = counter
-            launch_now(self.kernel, self.grid, self.block, stream, self._args)
+            if self._clustered is not None:
+                self._clustered(stream, self._args)
+            else:
+                launch_now(self.kernel, self.grid, self.block, stream, self._args)
 
 
 def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args) -> None:

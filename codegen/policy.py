@@ -40,6 +40,11 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "window": lambda s: s.window,
     "window_right": lambda s: s.window[1],       # -1: no right bound
     "persistent": lambda s: s.persistent,
+    "multicast": lambda s: bool(s.multicast),
+    # a fixed-length sm_90a spec whose query tiles can go in two-CTA clusters (KernelSpec.multicast): not
+    # persistent by request, no left window, an even number of 128-row query tiles
+    "pairable": lambda s: (s.arch == "sm_90a" and not s.varlen and s.persistent is not True and s.window[0] < 0
+                           and -(-s.seq_len // s.block_m) % 2 == 0),
     "dense": _dense,
     "trace": lambda s: s.trace,                  # the instrumented build (codegen/trace.py)
     # a persistent kernel whose tiles all do the same work (dense): where the tile boundary can overlap and the
@@ -192,7 +197,18 @@ POLICY: tuple[Choice, ...] = (
           "ab-20261130T1640Z-seed-knobs.json"), ("v14", "v17b"),
          "end on a 32-key chunk: 144+32 beat 112+64, 176, 80+96 at 176 keys; 80, 96, 112 not measured"),
 
+    # --- multicast: query tiles in two-CTA clusters sharing their K/V loads (KernelSpec.multicast = None) ---------
+    _row("multicast", False, not_("pairable"),
+         (), "v33",
+         "the pair needs fixed lengths, key ranges that start together and an even tile count (spec and plan check)"),
+    _row("multicast", False, OTHERWISE,
+         (), "v33",
+         "not measured yet"),
+
     # --- persistent: one CTA per SM looping over tiles from a global counter (KernelSpec.persistent = None) ------
+    _row("persistent", False, is_("multicast"),
+         (), "v33",
+         "a multicast pair is one tile per CTA (the pair's key blocks are fixed by its two tiles)"),
     _row("persistent", False, gt("head_dim", PERSISTENT_MAX_HEAD_DIM),
          (), "v7",
          "the tile loop spills at D=256 (O alone is 128 registers; codegen.spec.PERSISTENT_MAX_HEAD_DIM)"),
@@ -360,6 +376,11 @@ def default_pv_split(block_n: int) -> tuple[int, ...]:
 def persistent_by_default(spec: KernelSpec) -> bool:
     """Whether a spec with persistent=None runs persistent CTAs (reads spec.block_n: call it once that is set)."""
     return choose("persistent", spec)
+
+
+def multicast_by_default(spec: KernelSpec) -> bool:
+    """Whether a spec with multicast=None pairs its query tiles (reads spec.block_n: call it once that is set)."""
+    return choose("multicast", spec)
 
 
 def alike_tiles(spec: KernelSpec) -> bool:

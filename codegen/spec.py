@@ -63,6 +63,10 @@ class KernelSpec:
     # stored under the next tile's first QK. Off: the tile boundary of v7-v11, where O is stored after the last
     # PV. None: codegen.policy decides (measured: off at D=128 up to 2048 keys).
     tile_overlap: bool | None = None
+    # Query tiles in pairs (a two-CTA cluster) that load each key block they both visit once: the pair's producers
+    # split its K and V copies, each multicast into both CTAs' rings. One tile per CTA (not persistent), fixed
+    # lengths, no left window, an even number of query tiles. None: codegen.policy decides.
+    multicast: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
@@ -115,6 +119,13 @@ class KernelSpec:
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
+        _require(self.multicast in (None, True, False),
+                 f"multicast must be True, False or None (the default for the shape), got {self.multicast!r}")
+        if self.multicast:
+            _require(self.arch == "sm_90a", f"multicast is a sm_90a forward mode, not one of {self.arch}")
+            _require(self.persistent is not True, "multicast pairs one tile per CTA: it cannot be persistent")
+            _require(not self.varlen, "multicast needs fixed lengths (a pair's tiles must both exist): not varlen")
+            _require(self.window[0] < 0, "multicast needs the pair's key ranges to start together: no left window")
         # The tile loop's few extra live values spill at D=256, where O alone is 128 registers per thread.
         _require(not (self.persistent is True and self.head_dim > PERSISTENT_MAX_HEAD_DIM and self.arch == "sm_90a"),
                  f"persistent kernels go up to head_dim {PERSISTENT_MAX_HEAD_DIM} (at {self.head_dim} the tile loop "
@@ -155,6 +166,7 @@ class KernelSpec:
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
+                + ("_mc" if self.multicast is True else "")
                 + ("" if self.short_tail else "_fulltail")
                 + ("_trace" if self.trace else ""))
 

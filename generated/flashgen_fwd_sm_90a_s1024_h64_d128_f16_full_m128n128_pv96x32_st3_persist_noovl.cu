@@ -129,6 +129,12 @@ static __device__ __forceinline__ void tma_load_5d(u32 dst, const TmaDesc* map, 
       " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
       :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
 }
+static __device__ __forceinline__ void tma_load_multicast_5d(u32 dst, const TmaDesc* map, u32 bar, unsigned short mask, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+      :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar), "h"(mask) : "memory");
+}
 static __device__ __forceinline__ void tma_store_5d(const TmaDesc* map, u32 src, int c0, int c1, int c2, int c3, int c4) {
   asm volatile(
       "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
@@ -175,6 +181,19 @@ static __device__ __forceinline__ void copy_shared_to_global(u32 src, void* dst)
                :: "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
 
+static __device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+static __device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+static __device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
+  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }"
+               :: "r"(bar), "r"(rank) : "memory");
+}
+
 // wgmma accumulator fragment (PTX ISA: "Register Fragments for wgmma .m64nNk16", matrix D):
 // element i of a thread's accumulator array holds (row, col) of the warpgroup's 64 x N tile.
 static __device__ __forceinline__ int acc_row(int warp, int lane, int i) { return ((lane >> 2) & 7) | ((warp & 3) << 4) | (((i >> 1) & 1) << 3); }
@@ -201,9 +220,15 @@ static __device__ __forceinline__ void prefetch_q_tile(const TmaDesc* map, int r
 static __device__ __forceinline__ void load_k_tile(u32 dst, const TmaDesc* map, u32 bar, int row, int head, int batch) {
   tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
 }
+static __device__ __forceinline__ void multicast_k_tile(u32 dst, const TmaDesc* map, u32 bar, unsigned short mask, int row, int head, int batch) {
+  tma_load_multicast_5d(dst, map, bar, mask, 0, row, 0, head, batch);
+}
 
 static __device__ __forceinline__ void load_v_tile(u32 dst, const TmaDesc* map, u32 bar, int row, int head, int batch) {
   tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+}
+static __device__ __forceinline__ void multicast_v_tile(u32 dst, const TmaDesc* map, u32 bar, unsigned short mask, int row, int head, int batch) {
+  tma_load_multicast_5d(dst, map, bar, mask, 0, row, 0, head, batch);
 }
 
 static __device__ __forceinline__ void store_o_tile(const TmaDesc* map, u32 src, int row, int head, int batch) {
@@ -239,6 +264,7 @@ constexpr bool kTailRescaleVote = true;
 constexpr bool kPinSoftmax = true;
 constexpr bool kTailMask = false;
 constexpr bool kSinks = false;
+constexpr bool kMulticast = false;
 constexpr bool kLongTilesLast = false;
 constexpr u32 kQOffset = 0, kQBytes = 16384;
 constexpr u32 kKOffset = 32768, kKBytes = 32768;
@@ -319,6 +345,7 @@ struct Tile {
   int q_start, k_start, tma_batch;  // varlen: the sequence's first packed rows; the tensor maps' batch index
   Lengths len;
   int kv_first, n_kv;
+  int n_shared;  // multicast: its first n_shared key blocks are the cluster peer's too, loaded once for both
 };
 
 // Position of a tile's t-th key block in the K/V ring, `ring` blocks into the CTA's run: its slot, and the
@@ -390,6 +417,14 @@ static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
 // The key blocks of a tile, once its lengths are known.
 static __device__ __forceinline__ void visit_range(Tile& tile) {
   kv_range(tile.m_block, tile.len, tile.kv_first, tile.n_kv);
+  tile.n_shared = 0;
+  if constexpr (cfg::kMulticast) {
+    // The peer's tile is m_block ^ 1 of the same sequence and head. With no left window both ranges start at
+    // key block 0, so the two share the shorter one.
+    int peer_first, peer_n;
+    kv_range(tile.m_block ^ 1, tile.len, peer_first, peer_n);
+    tile.n_shared = min(tile.n_kv, peer_n);
+  }
   if constexpr (cfg::kPersistent) {
     // Hide the (often constant) block count from the optimizer: unrolled short loops inside the tile loop
     // overran the consumers' registers at some lengths (S=256 spilled 208 bytes).
@@ -404,9 +439,15 @@ static __device__ __forceinline__ void visit_range(Tile& tile) {
 static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
   int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   if constexpr (cfg::kLongTilesLast) {  // CTAs in dispatch order (x fastest), longest first by sections
+    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     int pair;
-    longest_first(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z,
-                  m_block, pair);
+    if constexpr (cfg::kMulticast) {
+      // Clusters (x pairs) in dispatch order, longest first; the cluster's CTAs take tiles 2c and 2c + 1.
+      longest_first(linear / 2, gridDim.x / 2, gridDim.y * gridDim.z, m_block, pair);
+      m_block = 2 * m_block + (blockIdx.x & 1);
+    } else {
+      longest_first(linear, gridDim.x, gridDim.y * gridDim.z, m_block, pair);
+    }
     head = pair % gridDim.y, batch = pair / gridDim.y;
   }
   tile = make_tile(p, m_block, head, batch);
@@ -760,14 +801,32 @@ static __device__ __forceinline__ void pass_turn(int consumer) {
 // (released after the store), and Q is released instead, so the producer can load the next tile's Q while
 // this one finishes.
 // `zero` is 0 at run time; a pinned step passes zero_after(alpha), which keeps the row maxima ahead of this arrive.
-static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last, u32 zero = 0) {
-  __syncwarp();
-  if (lane == 0) mbar_arrive(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero);
+// Multicast: a slot's empty barrier counts both CTAs' consumer warps. A block the pair shares is released on
+// both CTAs' barriers (either producer may load the next block into both rings); one only this CTA visits counts
+// twice on its own.
+static __device__ __forceinline__ void release_slot(u32 empty, bool shared) {
+  if constexpr (cfg::kMulticast) {
+    if (shared) {
+      mbar_arrive(empty);
+      mbar_arrive_remote(empty, cluster_rank() ^ 1);
+    } else {
+      mbar_arrive_count(empty, 2);
+    }
+  } else {
+    mbar_arrive(empty);
+  }
 }
 
-static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot) {
+// `shared`: the block is the cluster peer's too (multicast; see release_slot).
+static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last, bool shared,
+                                                        u32 zero = 0) {
   __syncwarp();
-  if (lane == 0) mbar_arrive(bar(bars, kBarVEmpty + v_slot));
+  if (lane == 0) release_slot(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero, shared);
+}
+
+static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot, bool shared) {
+  __syncwarp();
+  if (lane == 0) release_slot(bar(bars, kBarVEmpty + v_slot), shared);
 }
 
 template <bool B> struct Bool { static constexpr bool value = B; };
@@ -785,19 +844,34 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
     };
     // The tile's t-th key block, kv_first + t, goes to ring position ring + t, once the consumers have
     // released the slot's previous use. K(t) is issued before V(t-1): QK(t) is the consumers' next need.
+    // Multicast: a block the pair shares (t < n_shared) is expected whole on each CTA's own barrier and loaded
+    // once into both rings, K by rank 0 and V by rank 1 (a peer's bytes may land before the expect: the phase
+    // cannot complete without this producer's arrival). The slot's previous use is then released by both CTAs.
+    const u32 rank = cfg::kMulticast ? cluster_rank() : 0;
+    constexpr unsigned short kBothCtas = 0b11;
     auto load_k = [&](int t) {
       const int s = ring_slot(ring, t);
       if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarKEmpty + s), ring_phase(ring, t) ^ 1);
       mbar_expect_tx(bar(bars, kBarKFull + s), cfg::kKBytes);
-      load_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s),
-                  tile.k_start + (tile.kv_first + t) * cfg::kBlockN, tile.head_kv, tile.tma_batch);
+      const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
+      if (!cfg::kMulticast || t >= tile.n_shared)
+        load_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s), row, tile.head_kv,
+                    tile.tma_batch);
+      else if (rank == 0)
+        multicast_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s), kBothCtas,
+                         row, tile.head_kv, tile.tma_batch);
     };
     auto load_v = [&](int t) {
       const int s = ring_slot(ring, t);
       if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarVEmpty + s), ring_phase(ring, t) ^ 1);
       mbar_expect_tx(bar(bars, kBarVFull + s), cfg::kVBytes);
-      load_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s),
-                  tile.k_start + (tile.kv_first + t) * cfg::kBlockN, tile.head_kv, tile.tma_batch);
+      const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
+      if (!cfg::kMulticast || t >= tile.n_shared)
+        load_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s), row, tile.head_kv,
+                    tile.tma_batch);
+      else if (rank == 1)
+        multicast_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s), kBothCtas,
+                         row, tile.head_kv, tile.tma_batch);
     };
     auto load_kv = [&](int t) {  // K(t), then V(t-1)
       load_k(t);
@@ -910,16 +984,16 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       const bool last = kTail || t == n_kv - 1;
       if constexpr (cfg::kPinSoftmax) {
         softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
-                             [&](u32 zero) { release_after_qk(bars, lane, s, last, zero); });
+                             [&](u32 zero) { release_after_qk(bars, lane, s, last, t < tile.n_shared, zero); });
       } else {
-        release_after_qk(bars, lane, s, last);
+        release_after_qk(bars, lane, s, last, t < tile.n_shared);
         softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
                              [](u32) {});
       }
       trace(kEvSoftmax, t);
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
       trace(kEvPvDone, t);
-      release_v(bars, lane, s_prev);
+      release_v(bars, lane, s_prev, t - 1 < tile.n_shared);
       rescale_o<kTail ? cfg::kTailRescaleVote : cfg::kConditionalRescale>(o, alpha);
       pack_p<kCols / 2>(p, sc);
       trace(kEvPacked, t);
@@ -939,7 +1013,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       start_accumulators(o, rows);
       wgmma_wait<0>();
       trace(kEvQkDone, 0);
-      release_after_qk(bars, lane, ring_slot(ring, 0), n_kv == 1);
+      release_after_qk(bars, lane, ring_slot(ring, 0), n_kv == 1, 0 < tile.n_shared);
       softmax_block<cfg::kBlockN / 2>(sc, tile.kv_first, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
                                       [](u32) {});
       pack_p<cfg::kBlockN / 4>(p, sc);
@@ -959,7 +1033,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       trace(kEvIssued, n_kv);
       wgmma_wait<0>();
       trace(kEvPvDone, n_kv);
-      release_v(bars, lane, ring_slot(ring, n_kv - 1));
+      release_v(bars, lane, ring_slot(ring, n_kv - 1), n_kv - 1 < tile.n_shared);
       finish_rows(o, rows, scale_log2, sink2, o_out, lse_row);
       trace(kEvFinished, n_kv);
       if constexpr (cfg::kTileOverlap) {
@@ -1017,13 +1091,18 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist_noovl(c
   const int tid = threadIdx.x % 128;
 
   if (threadIdx.x == 0) init_barriers(bars);
-  __syncthreads();
+  // Multicast: the pair's producers write into each other's rings and signal each other's barriers, so both
+  // CTAs' barriers are initialized before either starts; and neither exits while the other may still arrive on
+  // its barriers (the consumers' releases of the last shared blocks).
+  if constexpr (cfg::kMulticast) cluster_sync(); else __syncthreads();
 
   if (warpgroup == 0) {
     regs_dec<24>();
     if (tid == 0) producer(args, smem, bars);
+    if constexpr (cfg::kMulticast) cluster_sync();
     return;
   }
   regs_inc<240>();
   consumer(args, smem_raw, smem, bars, warpgroup - 1, tid);
+  if constexpr (cfg::kMulticast) cluster_sync();
 }

@@ -54,7 +54,10 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
            [KernelSpec(seq_len=1000, heads=16, head_dim=d, persistent=True, window=(256, -1), softcap=20.0, kv_heads=4)
             for d in (64, 96, 128)] + \
            [KernelSpec(seq_len=4096, heads=16, head_dim=d, persistent=True, softcap=20.0, kv_heads=4, dtype="bf16")
-            for d in (64, 96, 128)]
+            for d in (64, 96, 128)] + \
+           [KernelSpec(seq_len=1000, heads=16, head_dim=d, multicast=True, causal=c, dtype="bf16", kv_heads=4)
+            for d in SPLITS for c in (False, True)] + \
+           [KernelSpec(seq_len=4096, heads=16, head_dim=128, multicast=True, causal=c, softcap=20.0) for c in (False, True)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -447,6 +450,38 @@ def test_derivations_are_shared_across_plans():
     """attention() resolves a spec on every call; the layouts must be derived once, not per call."""
     first, second = make_plan(KernelSpec(512, 8, 128)), make_plan(KernelSpec(2048, 8, 128, causal=True))
     assert first.q is second.q and first.k is second.k
+
+
+def test_multicast_pairs_query_tiles_in_clusters_of_two():
+    spec = resolve(KernelSpec(seq_len=1000, heads=16, head_dim=128, causal=True, multicast=True))
+    plan = make_plan(spec)
+    assert not spec.persistent and spec.name.endswith("_mc")
+    assert plan.abi.grid.cluster_dims == (2, 1, 1) and plan.grid(3) == (8, 16, 3)
+    assert plan.abi.grid.describe("8", "batch")["cluster"] == "(2, 1, 1)"
+    arrivals = {b.name: b.arrivals for b in plan.abi.barriers.barriers}
+    # A slot is free once both CTAs' 8 consumer warps released it; a full barrier waits for its own producer.
+    assert arrivals == {"QFull": 1, "KFull": 1, "VFull": 1, "KEmpty": 16, "VEmpty": 16}
+    source = render(plan).source
+    assert "constexpr bool kMulticast = true;" in source and "kBothCtas = 0b11" in source
+    assert "complete_tx::bytes.multicast::cluster" in source and "mapa.shared::cluster.u32" in source
+    # A cluster CTA's shared addresses have bits above the descriptor's 18-bit field: desc_at masks them.
+    assert "desc + ((tile & 0x3ffffu) >> 4)" in source
+    plain = make_plan(resolve(spec.replace(multicast=False)))
+    assert plain.abi.grid.cluster_dims is None and "desc + (tile >> 4)" in render(plain).source
+    assert {b.name: b.arrivals for b in plain.abi.barriers.barriers}["KEmpty"] == 8
+    with pytest.raises(SpecError, match="odd number of 128-row tiles"):
+        resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True))
+    # The policy never pairs what cannot pair.
+    assert not resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128)).multicast
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(persistent=True), "cannot be persistent"), (dict(varlen=True), "not varlen"),
+    (dict(window=(64, 0)), "no left window"), (dict(arch="sm_100a"), "sm_90a forward mode"),
+    (dict(multicast="yes"), "True, False or None")])
+def test_multicast_refuses_what_it_cannot_pair(options, message):
+    with pytest.raises(SpecError, match=message):
+        KernelSpec(**(dict(seq_len=1024, heads=16, head_dim=128, multicast=True) | options))
 
 
 def test_persistent_grid_is_bounded_by_the_sms_and_the_tile_counter():

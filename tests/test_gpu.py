@@ -342,6 +342,35 @@ def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persisten
                  tuning=dict(block_n=block_n, persistent=persistent, short_tail=short_tail))
 
 
+# --- multicast: query tiles 2c, 2c+1 as a two-CTA cluster, each key block both visit loaded once for both --------
+# Causal pairs share all but the longer tile's last block(s); fewer keys than queries leave pairs whose first tile
+# (or both) sees no key; a right window and a short tail block; D from 64 to 256 (block_n 64 to 176); GQA.
+@pytest.mark.parametrize("seq_q, seq_k, head_dim, causal, kv_heads, window, softcap", [
+    (4096, 4096, 128, True, 16, None, 0.0),
+    (4096, 4096, 128, False, 4, None, 0.0),     # block_n 176: a 48-key short tail
+    (1000, 1000, 128, True, 4, None, 20.0),     # a ragged last tile
+    (256, 1000, 64, True, 16, None, 0.0),       # the diagonal 744 keys in
+    (1000, 300, 64, True, 1, None, 0.0),        # the first tiles see no key
+    (1000, 1000, 128, False, 16, (-1, 100), 0.0),
+    (512, 512, 256, True, 16, None, 0.0),
+    (768, 768, 96, True, 8, None, 0.0),
+    (512, 700, 192, False, 16, None, 0.0),
+])
+def test_multicast(seq_q, seq_k, head_dim, causal, kv_heads, window, softcap):
+    run_coverage(2, seq_q, seq_k, 16, kv_heads, head_dim, causal=causal, window=window, softcap=softcap,
+                 tuning=dict(multicast=True))
+
+
+def test_multicast_launches_clusters_of_two():
+    q = torch.randn(1, 1000, 4, 128, device="cuda", dtype=torch.bfloat16)
+    call = prepare(q, q, q, causal=True, multicast=True)
+    assert call.spec.multicast and not call.spec.persistent
+    assert call.grid == (8, 4, 1) and call.built.plan.abi.grid.cluster_dims == (2, 1, 1)
+    odd = torch.randn(1, 1100, 4, 128, device="cuda", dtype=torch.bfloat16)  # 9 query tiles
+    with pytest.raises(InputError, match="odd number"):
+        prepare(odd, odd, odd, multicast=True)
+
+
 def test_persistent_grid_is_one_cta_per_sm():
     q = torch.randn(2, 1000, 16, 128, device="cuda", dtype=torch.float16)
     call = prepare(q, q, q, persistent=True)

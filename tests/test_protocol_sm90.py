@@ -2,7 +2,9 @@
 wait or overrun for the three tile loops the plan emits, across 0 to 3x the ring depth of key blocks and over
 tiles without keys; every dropped wait or release is caught; the model waits on what the kernel waits on. The
 producer's arrivals are TMA loads' completions, checked as landing in any order after their issue
-(codegen/protocol.py's async_completions); the immediate model runs as well."""
+(codegen/protocol.py's async_completions); the immediate model runs as well. A multicast pair (two CTAs sharing
+their key blocks' copies) passes over alike and unequal tiles, and a wrong arrival count, a single release of a
+block only one CTA visits, a missing remote release or cluster barrier is caught."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import codegen.protocol
 from codegen.build import build
 from codegen.families.fwd_sm90 import protocol
-from codegen.protocol import ProtocolError
+from codegen.protocol import ProtocolError, Step
 from codegen.spec import KernelSpec
 
 
@@ -101,3 +103,82 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
 
     assert waited("producer", "producer_tiles") == modelled("producer")
     assert waited("consumer", "consumer_tiles", "store_tile") == modelled("consumer0")
+
+
+PAIRS = [(0, 0), (1, 1), (1, 2), (3, 3), (3, 4), (5, 6), (2, 4), (0, 1)]
+
+
+@pytest.mark.parametrize("stages", (2, 3, 4))
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_multicast_pair(stages, model):
+    """check_pair marks its copies (engine "tma") and passes its own async_completions, over the fixture's."""
+    for n0, n1 in PAIRS:
+        protocol.check_pair(stages, n0, n1, async_completions=model == "async", schedules=15, seed=n0 + n1)
+
+
+def test_multicast_pair_without_pingpong():
+    for n0, n1 in PAIRS:
+        protocol.check_pair(2, n0, n1, pingpong=False, schedules=15, seed=n0 + n1)
+
+
+def _mutated(monkeypatch, change):
+    """pair_programs with every role's steps passed through change(role, steps)."""
+    real = protocol.pair_programs
+    monkeypatch.setattr(protocol, "pair_programs",
+                        lambda *a, **k: {role: change(role, steps) for role, steps in real(*a, **k).items()})
+
+
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_empty_barriers_counting_one_cta_race(monkeypatch, model):
+    """Empty barriers that count one CTA's 8 warps complete on the first 8 releases of a slot: rank 0's producer
+    multicasts the next K into CTA 1's slot while CTA 1's consumers still read the block before it."""
+    for name in ("KEmpty", "VEmpty"):
+        monkeypatch.setitem(protocol.PAIR_ARRIVALS, name, protocol.CONSUMERS * protocol.WARPS)
+    with pytest.raises(ProtocolError, match=r"CTA 1 \(multicast by CTA 0\): K slot 0 loaded with block 2 before both "
+                                            r"consumers read block 0"):
+        protocol.check_pair(2, 3, 3, async_completions=model == "async", schedules=30)
+
+
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_single_release_of_unshared_block_deadlocks(monkeypatch, model):
+    """A block only CTA 1 visits released once per warp fills half its empty barrier: the producer's load of the
+    block `stages` later into that slot waits forever (blocks 1 and 2 of CTA 1 here; with n1 - n0 = stages no
+    load follows an unshared block into its slot, and the check passes)."""
+    def single(role, steps):
+        return [Step(s.kind, s.barrier, s.phase, s.use, protocol.WARPS) if s.kind == "arrive"
+                and s.count == 2 * protocol.WARPS else s for s in steps]
+
+    _mutated(monkeypatch, single)
+    async_ = model == "async"
+    protocol.check_pair(2, 1, 3, async_completions=async_, schedules=30)
+    with pytest.raises(ProtocolError, match=r"deadlock .*cta1\.producer at wait cta1\.KEmpty\[1\] 0"):
+        protocol.check_pair(2, 1, 4, async_completions=async_, schedules=30)
+
+
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_missing_remote_release_deadlocks(monkeypatch, model):
+    """Without the consumers' arrivals on the peer's empty barrier, a shared slot's barrier fills only half: the
+    first load that comes back to it (K block 2 into slot 0 of both CTAs) waits forever."""
+    def local(role, steps):
+        cta = role.split(".")[0]
+        return [s for s in steps if not (s.kind == "arrive" and not s.engine and s.barrier.startswith("cta")
+                                         and not s.barrier.startswith(cta + "."))]
+
+    _mutated(monkeypatch, local)
+    async_ = model == "async"
+    protocol.check_pair(2, 1, 1, async_completions=async_, schedules=30)  # no slot is used twice
+    with pytest.raises(ProtocolError, match=r"deadlock .*cta0\.producer at wait cta0\.KEmpty\[0\] 0; .*"
+                                            r"cta1\.producer at wait cta1\.KEmpty\[0\] 0"):
+        protocol.check_pair(2, 3, 3, async_completions=async_, schedules=30)
+
+
+@pytest.mark.parametrize("barrier, message", [
+    ("ClusterExit", "a remote arrival reaches CTA . after it exited"),
+    ("ClusterInit", "a . copy reaches CTA . before it initialized its barriers"),
+])
+def test_missing_cluster_barrier_is_caught(monkeypatch, barrier, message):
+    """Without the exit barrier a CTA can exit while its peer's consumers still release shared slots on it;
+    without the init barrier a peer's copy can land on a barrier not yet initialized."""
+    _mutated(monkeypatch, lambda role, steps: [s for s in steps if s.barrier != barrier])
+    with pytest.raises(ProtocolError, match=message):
+        protocol.check_pair(2, 1, 1, schedules=30)

@@ -20,7 +20,9 @@ TMA_COORD_PARAMS = ("row", "head", "batch")
 
 
 # What the kernel's TMA does with each operand's tile.
-TILE_TMA = {"q": ("load", "prefetch"), "k": ("load",), "v": ("load",), "o": ("store",)}
+# (K and V also load into both CTAs of a cluster at once: KernelSpec.multicast; the code under if constexpr names
+# those functions in every kernel.)
+TILE_TMA = {"q": ("load", "prefetch"), "k": ("load", "multicast"), "v": ("load", "multicast"), "o": ("store",)}
 
 
 def tma_tiles(plan: Plan, verbs: dict[str, tuple[str, ...]]) -> list[dict]:
@@ -38,6 +40,9 @@ def summary(plan: Plan) -> str:
 
 
 def _tiles_summary(plan: Plan) -> str:
+    if plan.spec.multicast:
+        return ("one tile per CTA, in pairs (tiles 2c, 2c+1: a two-CTA cluster) that load the key blocks both visit "
+                "once; its O is stored after its last PV.")
     if not plan.spec.persistent:
         return "one tile per CTA; its O is stored after its last PV."
     boundary = ("a tile's O is stored while the next tile's first QK^T runs" if plan.tile_overlap
@@ -60,6 +65,7 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
         ("PinSoftmax", plan.pin_softmax),    # K released after the row maxima, which stay before the PV wait
         ("TailMask", plan.tail_mask),        # some key block reads keys past the end
         ("Sinks", s.sinks),                  # a learned logit per head joins each row's denominator
+        ("Multicast", bool(s.multicast)),    # tile pairs (two-CTA clusters) load their shared key blocks once
         # Later query tiles see more keys only when a right bound (causal) moves with the query.
         ("LongTilesLast", plan.window_bounds[1] >= 0),
     ]
@@ -104,6 +110,7 @@ def context(plan: Plan) -> dict:
         "tiles_summary": _tiles_summary(plan),
         "kernel_name": s.name,
         "persistent": bool(s.persistent),
+        "multicast": bool(s.multicast),
         "pingpong": s.pingpong,
         "ptx_type": s.dtype,
         "seq_len": s.seq_len,

@@ -53,7 +53,10 @@ BARRIER_NAMES = ("QFull", "KFull", "VFull", "KEmpty", "VEmpty", "QEmpty")
 
 
 def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int, heads: int,
-               sinks: bool = False) -> KernelABI:
+               sinks: bool = False, cluster: int = 1) -> KernelABI:
+    """`cluster` > 1 (multicast): that many CTAs share each K/V slot's loads, so a slot is free once every consumer
+    warp of every one of them has read it."""
+    assert cluster == 1 or not persistent, "a cluster pairs fixed tiles"
     params = (_MAPS + (_LSE,) + ((_SINKS,) if sinks else ()) + (_VARLEN if varlen else ())
               + (_PERSISTENT if persistent else ()) + (_SCALE,))
     # K and V slots are released separately: K once QK has read it, V once PV has, so with two stages the
@@ -62,10 +65,12 @@ def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: i
         Barrier("QFull", 1, 1, "the tile's Q has landed (persistent: and its index is published)"),
         Barrier("KFull", stages, 1, "K of a ring slot has landed"),
         Barrier("VFull", stages, 1, "V of a ring slot has landed"),
-        Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),
-        Barrier("VEmpty", stages, consumer_warps, "every consumer warp's PV has read the V slot"),
+        Barrier("KEmpty", stages, consumer_warps * cluster, "every consumer warp's QK has read the K slot"
+                + (" (in both CTAs of the pair)" if cluster > 1 else "")),
+        Barrier("VEmpty", stages, consumer_warps * cluster, "every consumer warp's PV has read the V slot"
+                + (" (in both CTAs of the pair)" if cluster > 1 else "")),
     ]
     if persistent:
         barriers.append(Barrier("QEmpty", 1, consumer_warps, "every consumer warp's last QK has read Q"))
     assert {b.name for b in barriers} <= set(BARRIER_NAMES)
-    return KernelABI(params, BarrierMap(tuple(barriers)), Grid(persistent=persistent, heads=heads))
+    return KernelABI(params, BarrierMap(tuple(barriers)), Grid(persistent=persistent, heads=heads, cluster=cluster))

@@ -46,6 +46,8 @@ SMEM_ALIGN_SLACK = 1024
 # times, 1 x 8k kv8 causal 549 -> 521).
 L2_SECTION_BYTES = 50 * 1024 * 1024
 MAX_SECTION_HEADS = 1 << 12
+# multicast: the CTAs of a cluster, two query tiles of one (sequence, head) whose shared key blocks each load once
+CLUSTER_CTAS = 2
 MIN_STAGES = 2  # KernelSpec offers 2..4 (one stage would load nothing under compute)
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
@@ -60,6 +62,11 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         raise SpecError(f"pv_split {split} must add up to block_n {block_n}")
     spec = spec.replace(block_n=block_n, pv_split=tuple(split), seq_len_k=spec.keys,
                         kv_heads=spec.kv_heads or spec.heads, window=normalized_window(spec))
+    if spec.multicast is None:
+        spec = spec.replace(multicast=policy.multicast_by_default(spec))
+    if spec.multicast and -(-spec.seq_len // spec.block_m) % CLUSTER_CTAS:
+        raise SpecError(f"multicast pairs query tiles: {spec.seq_len} queries make an odd number of "
+                        f"{spec.block_m}-row tiles; pass multicast=False")
     if spec.persistent is None:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
     if spec.tile_overlap is None:
@@ -130,7 +137,8 @@ class Plan:
     def abi(self) -> KernelABI:
         s = self.spec
         return kernel_abi(stages=s.stages, persistent=bool(s.persistent), varlen=s.varlen,
-                          consumer_warps=CONSUMER_WARPS, heads=s.heads, sinks=s.sinks)
+                          consumer_warps=CONSUMER_WARPS, heads=s.heads, sinks=s.sinks,
+                          cluster=CLUSTER_CTAS if s.multicast else 1)
 
     @property
     def window_bounds(self) -> tuple[int, int]:

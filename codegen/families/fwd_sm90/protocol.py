@@ -14,20 +14,39 @@ The buffer rules (`_apply_use`): a K or V slot is loaded only after both consume
 block is done, and a K slot that staged a tile's O only after both stores have read it; Q is loaded only after
 both consumers' last QK of the previous tile; O is staged in a K slot only after both consumers' last QK of
 the tile has read it; every QK/PV finds its block loaded.
+
+A multicast pair (KernelSpec.multicast; `pair_programs`, `check_pair`) is two CTAs of a cluster on query tiles 2c
+and 2c + 1, each running the one-tile program above with its barriers named by CTA ("cta1.KFull[0]") and its
+loads and releases rewritten as the kernel's: a full barrier counts the producer's arrive.expect_tx and the
+copy's bytes, which for a block both tiles visit (the first min(n_kv) of them) come from one producer's copy
+multicast into both CTAs' slot (K from rank 0's, V from rank 1's); an empty barrier counts both CTAs' consumer
+warps, so such a block is released on the own CTA's barrier and on the peer's (a remote arrival), and a block
+only one CTA visits by a double arrival on its own. The buffer rules are the one-tile rules per CTA, a multicast
+copy being a write into both CTAs' slot (both CTAs' consumers must have read its previous block); and a remote
+arrival or a copy may reach a CTA only between its barrier init and its exit (the two cluster barriers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codegen.protocol import ProtocolError, arrive, run, signal, sync, use, wait
+from codegen.protocol import ProtocolError, Step, arrive, run, signal, sync, use, wait
 
 CONSUMERS = 2
 WARPS = 4  # per consumer warpgroup; each releases a slot with one lane-0 arrival
 ARRIVALS = {"QFull": 1, "KFull": 1, "VFull": 1, "KEmpty": CONSUMERS * WARPS, "VEmpty": CONSUMERS * WARPS,
             "QEmpty": CONSUMERS * WARPS}
 
-__all__ = ["ProtocolError", "check", "programs"]
+# multicast: the CTAs of a pair, their roles (a producer, the consumers) and every arrival count. A full barrier
+# counts the producer's arrive.expect_tx and the copy's bytes (complete_tx), in either order (the peer's
+# multicast may land first); Q stays one arrival for both, as above. The cluster barriers count every role.
+CTAS = 2
+ROLES = 1 + CONSUMERS
+PAIR_ARRIVALS = {"QFull": 1, "KFull": 2, "VFull": 2, "KEmpty": CTAS * CONSUMERS * WARPS,
+                 "VEmpty": CTAS * CONSUMERS * WARPS, "ClusterInit": CTAS * ROLES, "ClusterExit": CTAS * ROLES}
+ISSUER = {"K": 0, "V": 1}  # the rank whose producer copies a shared block's operand into both CTAs
+
+__all__ = ["ProtocolError", "check", "check_pair", "pair_programs", "programs"]
 
 
 def programs(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool = True) -> dict:
@@ -204,3 +223,105 @@ def check(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool
         lambda name: ARRIVALS[name.split("[")[0]], lambda: _State(stages, tile_list), _apply_use,
         what=f"tiles {tile_list}, {stages} stages, persistent={persistent}, overlap={overlap}",
         schedules=schedules, seed=seed)
+
+
+def pair_programs(stages: int, n_kv0: int, n_kv1: int, *, pingpong: bool = True) -> dict:
+    """Both CTAs' roles ("cta0.producer", ...): each CTA's one-tile program (`programs`, the code the kernel's pair
+    shares with a lone CTA) with its steps rewritten for the pair, between the two cluster barriers."""
+    n_kv = (n_kv0, n_kv1)
+    n_shared = min(n_kv)
+    pair = {}
+    for r in range(CTAS):
+        peer = 1 - r
+        own = programs(stages, n_kv[r], persistent=False, overlap=False, pingpong=pingpong)
+        for role, steps in own.items():
+            out = [use(f"cta{r} init")] if role == "producer" else []
+            out += [arrive("ClusterInit"), wait("ClusterInit", 0)]
+            block = None  # the block whose wgmma wait a release follows
+            for s in steps:
+                name = f"cta{r}.{s.barrier}"
+                if s.kind in ("wait", "sync", "signal"):
+                    out.append(Step(s.kind, name, s.phase))
+                elif s.kind == "use" and s.use.startswith("write") and s.use.split()[1] in ISSUER:
+                    out += _pair_load(r, s.use, n_shared)
+                elif s.kind == "use":
+                    if s.use.startswith(("QK done", "PV done")):
+                        block = int(s.use.split()[-1])
+                    out.append(use(f"cta{r} {s.use}"))
+                elif s.barrier.split("[")[0] in ("KFull", "VFull"):
+                    continue  # _pair_load made the load's arrivals
+                elif s.barrier == "QFull":
+                    out.append(arrive(name, engine="tma"))
+                else:  # a consumer's release of the block it just read
+                    assert s.barrier.split("[")[0] in ("KEmpty", "VEmpty") and block is not None, s
+                    if block < n_shared:
+                        out += [arrive(name, s.count),
+                                arrive(f"cta{peer}.{s.barrier}", s.count, use=f"cta{peer} remote arrival")]
+                    else:
+                        out.append(arrive(name, 2 * s.count))
+                    block = None
+            out += [arrive("ClusterExit"), wait("ClusterExit", 0), use(f"cta{r} exit")]
+            pair[f"cta{r}.{role}"] = out
+    return pair
+
+
+def _pair_load(r: int, write: str, n_shared: int) -> list:
+    """CTA r's producer loading block G of an operand into slot s: its own expect_tx arrival, then its copy into
+    its own slot, or for a shared block the issuer's copy into both CTAs' slots (the other rank copies nothing)."""
+    _, op, s, G = write.split()
+    full = f"{op}Full[{s}]"
+    steps = [arrive(f"cta{r}.{full}")]
+    if int(G) >= n_shared:
+        targets = [r]
+    elif r == ISSUER[op]:
+        targets = list(range(CTAS))
+    else:
+        return steps
+    steps.append(use(f"cta{r} load {op} {s} {G} into {''.join(map(str, targets))}"))
+    return steps + [arrive(f"cta{t}.{full}", engine="tma", use=f"cta{t} {op} copy") for t in targets]
+
+
+@dataclass
+class _PairState:
+    ctas: list  # a _State per CTA
+    ready: set = field(default_factory=set)      # CTAs whose barriers are initialized
+    exited: list = field(default_factory=lambda: [0] * CTAS)  # per CTA: roles that have exited
+
+
+def _apply_pair_use(state: _PairState, what: str) -> None:
+    w = what.split()
+    r, rest = int(w[0][3:]), w[1:]
+    if rest == ["init"]:
+        state.ready.add(r)
+    elif rest == ["exit"]:
+        state.exited[r] += 1
+    elif rest[0] in ("remote", "K", "V"):  # a peer's arrival or a copy's bytes reach CTA r
+        if r not in state.ready:
+            raise ProtocolError(f"a {' '.join(rest)} reaches CTA {r} before it initialized its barriers")
+        if state.exited[r] == ROLES:
+            raise ProtocolError(f"a {' '.join(rest)} reaches CTA {r} after it exited")
+    elif rest[0] == "load":  # a copy writes every target CTA's slot from its issue on
+        op, s, G, targets = rest[1], rest[2], rest[3], rest[5]
+        by = f" (multicast by CTA {r})" if len(targets) > 1 else ""
+        for t in map(int, targets):
+            _apply_cta_use(state, t, f"write {op} {s} {G}", by)
+    else:
+        _apply_cta_use(state, r, " ".join(rest), "")
+
+
+def _apply_cta_use(state: _PairState, r: int, what: str, by: str) -> None:
+    try:
+        _apply_use(state.ctas[r], what)
+    except ProtocolError as e:
+        raise ProtocolError(f"CTA {r}{by}: {e}") from None
+
+
+def check_pair(stages: int, n_kv0: int, n_kv1: int, *, pingpong: bool = True, async_completions=True,
+               schedules: int = 100, seed: int = 0) -> None:
+    """A multicast pair whose tiles visit n_kv0 and n_kv1 key blocks, by default with the copies (and Q's loads)
+    landing in any order after their issue: they are marked engine="tma"."""
+    run(lambda: pair_programs(stages, n_kv0, n_kv1, pingpong=pingpong),
+        lambda name: PAIR_ARRIVALS[name.split(".")[-1].split("[")[0]],
+        lambda: _PairState([_State(stages, [n_kv0]), _State(stages, [n_kv1])]), _apply_pair_use,
+        what=f"multicast pair of {n_kv0} and {n_kv1} key blocks, {stages} stages", schedules=schedules, seed=seed,
+        async_completions=async_completions)
