@@ -1099,7 +1099,10 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist_noovl(c
   if (warpgroup == 0) {
     regs_dec<24>();
     if (tid == 0) producer(args, smem, bars);
-    if constexpr (cfg::kMulticast) cluster_sync();
+    if constexpr (cfg::kMulticast) {
+      __syncwarp();  // the producer's warp meets the cluster barrier converged
+      cluster_sync();
+    }
     return;
   }
   regs_inc<240>();
