@@ -849,29 +849,25 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
     // cannot complete without this producer's arrival). The slot's previous use is then released by both CTAs.
     const u32 rank = cfg::kMulticast ? cluster_rank() : 0;
     constexpr unsigned short kBothCtas = 0b11;
-    auto load_k = [&](int t) {
+    auto slot_ready = [&](int t, u32 empty, u32 full, u32 bytes) {  // the slot is free; expect the block's bytes
       const int s = ring_slot(ring, t);
-      if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarKEmpty + s), ring_phase(ring, t) ^ 1);
-      mbar_expect_tx(bar(bars, kBarKFull + s), cfg::kKBytes);
+      if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, empty + s), ring_phase(ring, t) ^ 1);
+      mbar_expect_tx(bar(bars, full + s), bytes);
+      return s;
+    };
+    auto load_k = [&](int t) {
+      const int s = slot_ready(t, kBarKEmpty, kBarKFull, cfg::kKBytes);
+      const u32 dst = smem + cfg::kKOffset + s * cfg::kKBytes, full = bar(bars, kBarKFull + s);
       const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
-      if (!cfg::kMulticast || t >= tile.n_shared)
-        load_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s), row, tile.head_kv,
-                    tile.tma_batch);
-      else if (rank == 0)
-        multicast_k_tile(smem + cfg::kKOffset + s * cfg::kKBytes, args.tmap_k, bar(bars, kBarKFull + s), kBothCtas,
-                         row, tile.head_kv, tile.tma_batch);
+      if (!cfg::kMulticast || t >= tile.n_shared) load_k_tile(dst, args.tmap_k, full, row, tile.head_kv, tile.tma_batch);
+      else if (rank == 0) multicast_k_tile(dst, args.tmap_k, full, kBothCtas, row, tile.head_kv, tile.tma_batch);
     };
     auto load_v = [&](int t) {
-      const int s = ring_slot(ring, t);
-      if (ring + t >= cfg::kStages) mbar_wait_parked(bar(bars, kBarVEmpty + s), ring_phase(ring, t) ^ 1);
-      mbar_expect_tx(bar(bars, kBarVFull + s), cfg::kVBytes);
+      const int s = slot_ready(t, kBarVEmpty, kBarVFull, cfg::kVBytes);
+      const u32 dst = smem + cfg::kVOffset + s * cfg::kVBytes, full = bar(bars, kBarVFull + s);
       const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
-      if (!cfg::kMulticast || t >= tile.n_shared)
-        load_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s), row, tile.head_kv,
-                    tile.tma_batch);
-      else if (rank == 1)
-        multicast_v_tile(smem + cfg::kVOffset + s * cfg::kVBytes, args.tmap_v, bar(bars, kBarVFull + s), kBothCtas,
-                         row, tile.head_kv, tile.tma_batch);
+      if (!cfg::kMulticast || t >= tile.n_shared) load_v_tile(dst, args.tmap_v, full, row, tile.head_kv, tile.tma_batch);
+      else if (rank == 1) multicast_v_tile(dst, args.tmap_v, full, kBothCtas, row, tile.head_kv, tile.tma_batch);
     };
     auto load_kv = [&](int t) {  // K(t), then V(t-1)
       load_k(t);
