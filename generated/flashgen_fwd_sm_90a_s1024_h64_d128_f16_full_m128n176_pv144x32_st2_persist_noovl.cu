@@ -198,9 +198,8 @@ static __device__ __forceinline__ void copy_shared_to_global(u32 src, void* dst)
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
-
-static __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+static __device__ __forceinline__ void cluster_meet() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n\tbarrier.cluster.wait;" ::: "memory");
 }
 static __device__ __forceinline__ u32 cluster_rank() {
   u32 r;
@@ -208,7 +207,7 @@ static __device__ __forceinline__ u32 cluster_rank() {
   return r;
 }
 static __device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
-  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }"
+  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [r]; }"
                :: "r"(bar), "r"(rank) : "memory");
 }
 
@@ -1118,18 +1117,18 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n176_pv144x32_st2_persist_noovl(
   // Multicast: the pair's producers write into each other's rings and signal each other's barriers, so both
   // CTAs' barriers are initialized before either starts; and neither exits while the other may still arrive on
   // its barriers (the consumers' releases of the last shared blocks).
-  if constexpr (cfg::kMulticast) cluster_sync(); else __syncthreads();
+  if constexpr (cfg::kMulticast) cluster_meet(); else __syncthreads();
 
   if (warpgroup == 0) {
     regs_dec<24>();
     if (tid == 0) producer(args, smem, bars);
     if constexpr (cfg::kMulticast) {
       __syncwarp();  // the producer's warp meets the cluster barrier converged
-      cluster_sync();
+      cluster_meet();
     }
     return;
   }
   regs_inc<240>();
   consumer(args, smem_raw, smem, bars, warpgroup - 1, tid);
-  if constexpr (cfg::kMulticast) cluster_sync();
+  if constexpr (cfg::kMulticast) cluster_meet();
 }

@@ -464,6 +464,8 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     source = render(plan).source
     assert "constexpr bool kMulticast = true;" in source and "kBothCtas = 0b11" in source
     assert "complete_tx::bytes.multicast::cluster" in source and "mapa.shared::cluster.u32" in source
+    # The releases to the peer order nothing but the slot (no MEMBAR a key block), as CUTLASS's cluster pipelines.
+    assert "mbarrier.arrive.shared::cluster.b64 _, [r];" in source and "arrive.release.cluster" not in source
     # A cluster CTA's shared addresses have bits above the descriptor's 18-bit field: desc_at masks them.
     assert "desc + ((tile & 0x3ffffu) >> 4)" in source
     plain = make_plan(resolve(spec.replace(multicast=False)))
