@@ -95,7 +95,9 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
     bodies.update(re.findall(r"static __device__ __forceinline__ \w+ (\w+_tiles)\((.*?)\n}\n", source, flags=re.S))
 
     def waited(*names):
-        return {m for n in names for m in re.findall(r"mbar_wait(?:_parked)?\(bar\(bars, kBar(\w+)", bodies[n])}
+        # A wait names its barrier, or the producer's slot_ready(t, empty, ...) waits on `empty`.
+        return {m for n in names
+                for m in re.findall(r"(?:mbar_wait(?:_parked)?\(bar\(bars, |slot_ready\(t, )kBar(\w+)", bodies[n])}
 
     def modelled(role):
         progs = protocol.programs(2, [2, 0, 3], persistent=True, overlap=False)
