@@ -175,6 +175,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--sinks", action="store_true",
                         help="learned attention sinks (gpt-oss): the kernel takes a float32 logit per query head "
                              "that joins each row's softmax denominator and logsumexp")
+    parser.add_argument("--multicast", action=argparse.BooleanOptionalAction, default=None,
+                        help="query tiles 2c and 2c+1 as a two-CTA cluster that loads each key block both visit "
+                             "once (sm_90a forward; fixed lengths, no left window, an even number of 128-row query "
+                             "tiles); --no-multicast: never (default: per shape)")
 
 
 def window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -218,7 +222,7 @@ def _spec_from(args):
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
-                              varlen=args.varlen, sinks=args.sinks))
+                              varlen=args.varlen, sinks=args.sinks, multicast=args.multicast))
 
 
 def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int, int]):
@@ -227,7 +231,7 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
 
     for flag, given in (("--split", args.split), ("--block-n", args.block_n),
                         ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather),
-                        ("--ctas-per-sm", args.ctas_per_sm != 1)):
+                        ("--ctas-per-sm", args.ctas_per_sm != 1), ("--multicast", args.multicast is not None)):
         if given:
             raise SpecError(f"{flag} does not apply to the backward kernels (--backward)"
                             + ("; sinks need nothing of them (the forward's logsumexp carries them)"
@@ -245,7 +249,8 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
 
     if args.decode < 1:
         raise SpecError(f"--decode expects the number of new tokens per sequence (>= 1), got {args.decode}")
-    for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen)):
+    for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen),
+                        ("--multicast", args.multicast is not None)):
         if given:
             raise SpecError(f"{flag} does not apply to the decode kernel (--decode)")
     if args.sinks:
@@ -418,7 +423,7 @@ def run_main(spec, batch: int) -> int:
         options["sinks"] = torch.randn(spec.heads, device="cuda", dtype=torch.float32) + math.log(spec.keys)
     try:
         call = prepare(q, k, v, pv_split=spec.pv_split, block_n=spec.block_n, stages=spec.stages,
-                       pingpong=spec.pingpong, **options)
+                       pingpong=spec.pingpong, multicast=spec.multicast, **options)
         call.o.fill_(float("nan"))  # poisoned: an element the kernel never writes fails the check
         call.lse.fill_(float("nan"))
         call()
@@ -487,6 +492,8 @@ def regenerate_command(spec) -> str:
         args.append("--varlen")
     if s.sinks:
         args.append("--sinks")
+    if s.multicast:
+        args.append("--multicast")
     try:
         reproduced = _spec_from(_generate_parser(_QuietParser).parse_args(join_signed_values(args)))
     except Exception:  # noqa: BLE001 - any failure means the command line cannot say it

@@ -421,3 +421,25 @@ def test_descriptor_constants_carry_their_decoded_fields():
         first = decoded[0]
         assert (f"LBO {first.lbo} B, SBO {first.sbo} B, swizzle {first.swizzle.name}, base offset "
                 f"{first.base_offset}") in comment
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "1100,8,128", "--multicast"], "odd number of 128-row tiles"),
+    (["--shape", "1024,8,128", "--multicast", "--varlen"], "not varlen"),
+    (["--shape", "1024,8,128", "--multicast", "--window", "64,0"], "no left window"),
+    (["--shape", "1024,8,128", "--multicast", "--backward"], "--multicast"),
+    (["--shape", "1024,8,128", "--kv-heads", "8", "--decode", "1", "--multicast"], "--multicast"),
+])
+def test_multicast_refusals_are_one_line(args, message, capsys):
+    assert gen.main(args) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_multicast_kernel_from_the_command_line(tmp_path):
+    assert gen.main(["--shape", "1024,8,128", "--causal", "--multicast", "--out", str(tmp_path)]) == 0
+    (manifest,) = tmp_path.glob("*.json")
+    described = json.loads(manifest.read_text())
+    assert described["spec"]["multicast"] is True and described["kernel"].endswith("_mc")
+    # The kernel's header names the command that emits it again, the flag included.
+    (source,) = tmp_path.glob("*.cu")
+    assert source.read_text().splitlines()[1].endswith(" --multicast")
