@@ -159,6 +159,22 @@ class Grid:
                  "  const int ctas = (int)(tiles < sms ? tiles : sms);")
         return setup, "dim3(ctas)"
 
+    def c_launch_call(self, kernel: str, dims: str, threads: int, smem_bytes: int, args: str) -> str:
+        """C statements that launch `kernel` on `stream` and return the launch's error: triple chevrons, or for
+        clusters cudaLaunchKernelEx with the cluster-dimension attribute."""
+        if self.cluster == 1:
+            return (f"{kernel}<<<{dims}, dim3({threads}), {smem_bytes}, stream>>>({args});\n"
+                    "  return cudaGetLastError();")
+        return "\n  ".join((
+            f"// Query tiles in clusters of {self.cluster} (consecutive tiles of one head): they share their key blocks' loads.",
+            "cudaLaunchAttribute cluster;",
+            "cluster.id = cudaLaunchAttributeClusterDimension;",
+            f"cluster.val.clusterDim.x = {self.cluster}, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;",
+            "cudaLaunchConfig_t config = {};",
+            f"config.gridDim = {dims}, config.blockDim = dim3({threads}), config.dynamicSmemBytes = {smem_bytes};",
+            "config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;",
+            f"return cudaLaunchKernelEx(&config, {kernel}, {args});"))
+
     def describe(self, tiles_m: str, batches: str) -> dict:
         if self.persistent:
             return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {self.heads}",
