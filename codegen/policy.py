@@ -41,10 +41,8 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "window_right": lambda s: s.window[1],       # -1: no right bound
     "persistent": lambda s: s.persistent,
     "multicast": lambda s: bool(s.multicast),
-    # a fixed-length sm_90a spec whose query tiles can go in two-CTA clusters (KernelSpec.multicast): not
-    # persistent by request, no left window, an even number of 128-row query tiles
-    "pairable": lambda s: (s.arch == "sm_90a" and not s.varlen and s.persistent is not True and s.window[0] < 0
-                           and -(-s.seq_len // s.block_m) % 2 == 0),
+    # a spec whose query tiles can go in two-CTA clusters (KernelSpec.multicast_refusal says why not)
+    "pairable": lambda s: s.multicast_refusal() is None,
     "dense": _dense,
     "trace": lambda s: s.trace,                  # the instrumented build (codegen/trace.py)
     # a persistent kernel whose tiles all do the same work (dense): where the tile boundary can overlap and the

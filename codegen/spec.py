@@ -30,6 +30,7 @@ MMA_K = 16
 # runs up to 6 stages, the seed's depth; the Hopper ring logic is tested from 2 to 4).
 MAX_STAGES_BY_ARCH = {"sm_90a": 4, "sm_100a": 6, "sm_103a": 6}
 PERSISTENT_MAX_HEAD_DIM = 128
+MULTICAST_CTAS = 2  # KernelSpec.multicast: the query tiles of one cluster, loading their shared key blocks once
 
 
 class SpecError(ValueError):
@@ -122,10 +123,8 @@ class KernelSpec:
         _require(self.multicast in (None, True, False),
                  f"multicast must be True, False or None (the default for the shape), got {self.multicast!r}")
         if self.multicast:
-            _require(self.arch == "sm_90a", f"multicast is a sm_90a forward mode, not one of {self.arch}")
-            _require(self.persistent is not True, "multicast pairs one tile per CTA: it cannot be persistent")
-            _require(not self.varlen, "multicast needs fixed lengths (a pair's tiles must both exist): not varlen")
-            _require(self.window[0] < 0, "multicast needs the pair's key ranges to start together: no left window")
+            refusal = self.multicast_refusal()
+            _require(refusal is None, refusal)
         # The tile loop's few extra live values spill at D=256, where O alone is 128 registers per thread.
         _require(not (self.persistent is True and self.head_dim > PERSISTENT_MAX_HEAD_DIM and self.arch == "sm_90a"),
                  f"persistent kernels go up to head_dim {PERSISTENT_MAX_HEAD_DIM} (at {self.head_dim} the tile loop "
@@ -138,6 +137,21 @@ class KernelSpec:
             if self.block_n:
                 _require(sum(self.pv_split) == self.block_n,
                          f"pv_split {self.pv_split} must add up to block_n {self.block_n}")
+
+    def multicast_refusal(self) -> str | None:
+        """Why this spec's query tiles cannot pair into clusters (KernelSpec.multicast), or None where they can."""
+        if self.arch != "sm_90a":
+            return f"multicast is a sm_90a forward mode, not one of {self.arch}"
+        if self.persistent is True:
+            return "multicast pairs one tile per CTA: it cannot be persistent"
+        if self.varlen:
+            return "multicast needs fixed lengths (a pair's tiles must both exist): not varlen"
+        if self.window[0] >= 0:
+            return "multicast needs the pair's key ranges to start together: no left window"
+        if -(-self.seq_len // self.block_m) % MULTICAST_CTAS:
+            return (f"multicast pairs query tiles: {self.seq_len} queries make an odd number of {self.block_m}-row "
+                    "tiles; pass multicast=False")
+        return None
 
     @property
     def elem_bytes(self) -> int:

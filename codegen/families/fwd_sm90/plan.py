@@ -17,7 +17,7 @@ from layouts import fragments
 
 from codegen import policy
 from codegen.abi import GridError, KernelABI
-from codegen.spec import MMA_K, ROWS_PER_CONSUMER, KernelSpec, SpecError
+from codegen.spec import MMA_K, MULTICAST_CTAS, ROWS_PER_CONSUMER, KernelSpec, SpecError
 
 from ..common import normalized_window, descriptor_address_shift, tma_origin_c, window_bounds
 from .abi import kernel_abi
@@ -46,8 +46,8 @@ SMEM_ALIGN_SLACK = 1024
 # times, 1 x 8k kv8 causal 549 -> 521).
 L2_SECTION_BYTES = 50 * 1024 * 1024
 MAX_SECTION_HEADS = 1 << 12
-# multicast: the CTAs of a cluster, two query tiles of one (sequence, head) whose shared key blocks each load once
-CLUSTER_CTAS = 2
+# multicast: the template pairs tiles m and m ^ 1, ranks r and r ^ 1, and multicasts with the CTA mask 0b11.
+assert MULTICAST_CTAS == 2, "the fwd_sm90 template's multicast is written for pairs of CTAs"
 MIN_STAGES = 2  # KernelSpec offers 2..4 (one stage would load nothing under compute)
 MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
@@ -64,9 +64,6 @@ def resolve(spec: KernelSpec) -> KernelSpec:
                         kv_heads=spec.kv_heads or spec.heads, window=normalized_window(spec))
     if spec.multicast is None:
         spec = spec.replace(multicast=policy.multicast_by_default(spec))
-    if spec.multicast and -(-spec.seq_len // spec.block_m) % CLUSTER_CTAS:
-        raise SpecError(f"multicast pairs query tiles: {spec.seq_len} queries make an odd number of "
-                        f"{spec.block_m}-row tiles; pass multicast=False")
     if spec.persistent is None:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
     if spec.tile_overlap is None:
@@ -138,7 +135,7 @@ class Plan:
         s = self.spec
         return kernel_abi(stages=s.stages, persistent=bool(s.persistent), varlen=s.varlen,
                           consumer_warps=CONSUMER_WARPS, heads=s.heads, sinks=s.sinks,
-                          cluster=CLUSTER_CTAS if s.multicast else 1)
+                          cluster=MULTICAST_CTAS if s.multicast else 1)
 
     @property
     def window_bounds(self) -> tuple[int, int]:
