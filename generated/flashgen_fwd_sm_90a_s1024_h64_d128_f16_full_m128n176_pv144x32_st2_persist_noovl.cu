@@ -288,6 +288,7 @@ constexpr u32 kKOffset = 32768, kKBytes = 45056;
 constexpr u32 kVOffset = 122880, kVBytes = 45056;
 constexpr u32 kBarOffset = 212992;
 constexpr u32 kTileSlotOffset = 80;  // from kBarOffset (persistent): two tile indices
+constexpr u32 kDescAddressLimit = 262144;  // shared addresses a wgmma descriptor's start field holds
 constexpr u32 kSmemAlign = 1024;  // of every swizzled tile (layouts/ derives it; the plan aligns each offset)
 // Descriptors relative to a tile at shared address 0, one per 16-wide k slice (desc_at moves them).
 __device__ constexpr u64 kQDesc[8] = {0x4000004000010000ull, 0x4000004000010002ull, 0x4000004000010004ull, 0x4000004000010006ull, 0x4000004000010200ull, 0x4000004000010202ull, 0x4000004000010204ull, 0x4000004000010206ull};  // k slices start at 0, 32, 64, 96, 8192, 8224, 8256, 8288 B; LBO 16 B, SBO 1024 B, swizzle 128B, base offset 0
@@ -949,7 +950,11 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
   Tracer trace(consumer, tid);
   const int warp = tid / 32, lane = tid % 32;
   const Thread th{consumer, tid, warp, lane, acc_row(warp, lane, 0), acc_row(warp, lane, 2)};
-  const u32 q_tile = smem + cfg::kQOffset + consumer * cfg::kQBytes;
+  // The tiles' addresses as the wgmma descriptors take them (desc_at): a CTA of a cluster has shared addresses
+  // with bits above the descriptors' start-address field set, masked off here once rather than per descriptor
+  // (the tiles end below the field's limit: the plan checks it).
+  const u32 mma_smem = cfg::kMulticast ? smem % cfg::kDescAddressLimit : smem;
+  const u32 q_tile = mma_smem + cfg::kQOffset + consumer * cfg::kQBytes;
   const float scale_log2 = args.scale_log2;
   if constexpr (cfg::kPingpong) {
     // Consumer 0 takes the first turn. Consumer 1's last pass_turn is then never matched by a sync; the CTA
@@ -990,11 +995,11 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       trace(kEvTurn, t);
       mbar_wait(bar(bars, kBarKFull + s), ring_phase(ring, t));
       trace(kEvKReady, t);
-      issue_qk<kTail ? cfg::kTailN : cfg::kBlockN>(sc, q_tile, smem + cfg::kKOffset + s * cfg::kKBytes);
+      issue_qk<kTail ? cfg::kTailN : cfg::kBlockN>(sc, q_tile, mma_smem + cfg::kKOffset + s * cfg::kKBytes);
       trace(kEvQkIssued, t);
       mbar_wait(bar(bars, kBarVFull + s_prev), ring_phase(ring, t - 1));
       trace(kEvVReady, t);
-      issue_pv(o, p, smem + cfg::kVOffset + s_prev * cfg::kVBytes);
+      issue_pv(o, p, mma_smem + cfg::kVOffset + s_prev * cfg::kVBytes);
       pass_turn(consumer);
       trace(kEvIssued, t);
       wgmma_wait<cfg::kPvChunks>();  // QK(j) is done; the PV(j-1) chunks may still run
@@ -1026,7 +1031,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       take_turn(consumer);
       trace(kEvTurn, 0);
       mbar_wait(bar(bars, kBarKFull + ring_slot(ring, 0)), ring_phase(ring, 0));
-      issue_qk<cfg::kBlockN>(sc, q_tile, smem + cfg::kKOffset + ring_slot(ring, 0) * cfg::kKBytes);
+      issue_qk<cfg::kBlockN>(sc, q_tile, mma_smem + cfg::kKOffset + ring_slot(ring, 0) * cfg::kKBytes);
       pass_turn(consumer);
       trace(kEvIssued, 0);
       if constexpr (cfg::kTileOverlap) {
@@ -1051,7 +1056,7 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       take_turn(consumer);
       trace(kEvTurn, n_kv);
       mbar_wait(bar(bars, kBarVFull + ring_slot(ring, n_kv - 1)), ring_phase(ring, n_kv - 1));
-      issue_pv_last(o, p, smem + cfg::kVOffset + ring_slot(ring, n_kv - 1) * cfg::kVBytes);
+      issue_pv_last(o, p, mma_smem + cfg::kVOffset + ring_slot(ring, n_kv - 1) * cfg::kVBytes);
       pass_turn(consumer);
       trace(kEvIssued, n_kv);
       wgmma_wait<0>();

@@ -466,8 +466,10 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     assert "complete_tx::bytes.multicast::cluster" in source and "mapa.shared::cluster.u32" in source
     # The releases to the peer order nothing but the slot (no MEMBAR a key block), as CUTLASS's cluster pipelines.
     assert "mbarrier.arrive.shared::cluster.b64 _, [r];" in source and "arrive.release.cluster" not in source
-    # A cluster CTA's shared addresses have bits above the descriptor's 18-bit field: desc_at masks them.
-    assert "desc + ((tile & 0x3ffffu) >> 4)" in source
+    # A cluster CTA's shared addresses have bits above the descriptor's 18-bit field: the consumer masks them off
+    # its tiles' base once (not each descriptor: desc_at stays the plain sum).
+    assert "mma_smem = cfg::kMulticast ? smem % cfg::kDescAddressLimit : smem" in source
+    assert "kDescAddressLimit = 262144;" in source and "desc + (tile >> 4)" in source
     plain = make_plan(resolve(spec.replace(multicast=False)))
     assert plain.abi.grid.cluster_dims is None and "desc + (tile >> 4)" in render(plain).source
     assert {b.name: b.arrivals for b in plain.abi.barriers.barriers}["KEmpty"] == 8

@@ -14,6 +14,7 @@ from functools import cached_property
 
 import layouts
 from layouts import fragments
+from layouts.mma import FIELD_LIMIT
 
 from codegen import policy
 from codegen.abi import GridError, KernelABI
@@ -46,6 +47,10 @@ SMEM_ALIGN_SLACK = 1024
 # times, 1 x 8k kv8 causal 549 -> 521).
 L2_SECTION_BYTES = 50 * 1024 * 1024
 MAX_SECTION_HEADS = 1 << 12
+# multicast: a cluster CTA's shared addresses have bits above a wgmma descriptor's start field (address bits
+# 4..17); the consumers mask them off their tiles' base once, which needs every tile to end below the field's limit
+# whatever the low bits of the CTA's window (1 KB of it reserved by the system).
+assert SMEM_LIMIT + 1024 <= FIELD_LIMIT, "a tile's shared address would not fit the descriptors' start field"
 # multicast: the template pairs tiles m and m ^ 1, ranks r and r ^ 1, and multicasts with the CTA mask 0b11.
 assert MULTICAST_CTAS == 2, "the fwd_sm90 template's multicast is written for pairs of CTAs"
 MIN_STAGES = 2  # KernelSpec offers 2..4 (one stage would load nothing under compute)
