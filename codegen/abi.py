@@ -123,64 +123,92 @@ class GridError(ValueError):
 class Grid:
     """One CTA per (query tile, head, batch entry), or, persistent, at most one per SM, the CTAs taking the
     tiles from a 32-bit counter (which the kernel advances past the last tile by up to one per CTA). `cluster` > 1:
-    that many consecutive query tiles launch as one cluster (which the tile count must fill)."""
+    that many consecutive query tiles launch as one cluster (which the tile count must fill); a persistent grid of
+    clusters is as many clusters as the device holds at once, each taking the same tiles at every step (tile
+    blockIdx.x, then blockIdx.x + gridDim.x, ...: no counter, which cannot hand one index to a whole cluster)."""
 
     persistent: bool
     heads: int
     cluster: int = 1
-
-    def __post_init__(self):
-        assert self.cluster == 1 or not self.persistent, "clusters of a persistent grid are not a rule of this grid"
 
     @property
     def cluster_dims(self) -> tuple[int, int, int] | None:
         """The launch's cluster shape, or None for a launch without clusters."""
         return (self.cluster, 1, 1) if self.cluster > 1 else None
 
-    def dims(self, *, tiles_m: int, batch: int, sms: int = 0) -> tuple[int, int, int]:
+    @property
+    def counter(self) -> bool:
+        """Whether the CTAs take their tiles from a counter (a persistent grid without clusters)."""
+        return self.persistent and self.cluster == 1
+
+    def dims(self, *, tiles_m: int, batch: int, sms: int = 0, clusters: int = 0) -> tuple[int, int, int]:
+        """`sms`: the device's SM count (a persistent grid); `clusters`: the clusters of this kernel the device
+        holds at once (a persistent grid of clusters)."""
+        if tiles_m % self.cluster:
+            raise GridError(f"{tiles_m} query tiles do not fill clusters of {self.cluster}")
         if not self.persistent:
-            if tiles_m % self.cluster:
-                raise GridError(f"{tiles_m} query tiles do not fill clusters of {self.cluster}")
             return (tiles_m, self.heads, batch)
-        if sms < 1:
-            raise ValueError("a persistent kernel's grid needs the device's SM count")
         tiles = tiles_m * self.heads * batch
-        if tiles >= 2**31 - 1 - sms:
-            raise GridError(f"{tiles} query tiles overflow the persistent kernel's 32-bit tile counter; "
+        if self.cluster > 1:
+            if clusters < 1:
+                raise ValueError("a persistent grid of clusters needs the clusters the device holds at once")
+            ctas = self.cluster * min(tiles // self.cluster, clusters)
+        elif sms < 1:
+            raise ValueError("a persistent kernel's grid needs the device's SM count")
+        else:
+            ctas = min(tiles, sms)
+        if tiles >= 2**31 - 1 - ctas:
+            raise GridError(f"{tiles} query tiles overflow the persistent kernel's 32-bit tile index; "
                             "pass persistent=False")
-        return (min(tiles, sms), 1, 1)
+        return (ctas, 1, 1)
 
-    def c_launch(self) -> tuple[str, str]:
-        """(C statements before the launch, the grid's dim3) over the launcher's tiles_m, batch and sms."""
-        if not self.persistent:
-            return "", f"dim3(tiles_m, {self.heads}, batch)"
-        setup = (f"const long long tiles = (long long)tiles_m * {self.heads} * batch;\n"
-                 "  if (tiles >= 2147483647LL - sms) return cudaErrorInvalidValue;  // the kernel's 32-bit tile counter\n"
-                 "  const int ctas = (int)(tiles < sms ? tiles : sms);")
-        return setup, "dim3(ctas)"
-
-    def c_launch_call(self, kernel: str, dims: str, threads: int, smem_bytes: int, args: str) -> str:
-        """C statements that launch `kernel` on `stream` and return the launch's error: triple chevrons, or for
-        clusters cudaLaunchKernelEx with the cluster-dimension attribute."""
+    def c_launch(self, kernel: str, threads: int, smem_bytes: int, args: str) -> str:
+        """C statements that launch `kernel` on `stream` over the launcher's tiles_m and batch and return the
+        launch's error (`err` is declared): triple chevrons, or for clusters cudaLaunchKernelEx with the
+        cluster-dimension attribute."""
+        tiles = [f"const long long tiles = (long long)tiles_m * {self.heads} * batch;"]
+        overflow = "if (tiles >= 2147483647LL - ctas) return cudaErrorInvalidValue;  // the kernel's 32-bit tile index"
         if self.cluster == 1:
-            return (f"{kernel}<<<{dims}, dim3({threads}), {smem_bytes}, stream>>>({args});\n"
-                    "  return cudaGetLastError();")
-        return "\n  ".join((
+            lines = []
+            dims = f"dim3(tiles_m, {self.heads}, batch)"
+            if self.persistent:
+                lines += ["int device = 0, sms = 0;",
+                          "if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;",
+                          "if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != "
+                          "cudaSuccess) return err;",
+                          *tiles, "const int ctas = (int)(tiles < sms ? tiles : sms);", overflow]
+                dims = "dim3(ctas)"
+            lines += [f"{kernel}<<<{dims}, dim3({threads}), {smem_bytes}, stream>>>({args});",
+                      "return cudaGetLastError();"]
+            return "\n  ".join(lines)
+        lines = [
             f"// Query tiles in clusters of {self.cluster} (consecutive tiles of one head): they share their key blocks' loads.",
             "cudaLaunchAttribute cluster;",
             "cluster.id = cudaLaunchAttributeClusterDimension;",
             f"cluster.val.clusterDim.x = {self.cluster}, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;",
             "cudaLaunchConfig_t config = {};",
-            f"config.gridDim = {dims}, config.blockDim = dim3({threads}), config.dynamicSmemBytes = {smem_bytes};",
-            "config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;",
-            f"return cudaLaunchKernelEx(&config, {kernel}, {args});"))
+            f"config.gridDim = dim3({self.cluster if self.persistent else f'tiles_m, {self.heads}, batch'}), "
+            f"config.blockDim = dim3({threads}), config.dynamicSmemBytes = {smem_bytes};",
+            "config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;"]
+        if self.persistent:
+            lines += [
+                "int clusters = 0;  // of this kernel, resident at once: the persistent grid",
+                f"if ((err = cudaOccupancyMaxActiveClusters(&clusters, {kernel}, &config)) != cudaSuccess) return err;",
+                "if (clusters < 1) return cudaErrorInvalidConfiguration;",
+                *tiles,
+                f"const long long groups = tiles / {self.cluster};",
+                f"const int ctas = {self.cluster} * (int)(groups < clusters ? groups : clusters);",
+                overflow,
+                "config.gridDim = dim3(ctas);"]
+        return "\n  ".join(lines + [f"return cudaLaunchKernelEx(&config, {kernel}, {args});"])
 
     def describe(self, tiles_m: str, batches: str) -> dict:
+        cluster = {"cluster": f"({self.cluster}, 1, 1)"} if self.cluster > 1 else {}
         if self.persistent:
-            return {"x": f"min(tiles_m * heads * {batches}, SMs) with tiles_m = {tiles_m}, heads = {self.heads}",
-                    "y": "1", "z": "1"}
-        dims = {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches}
-        return dims | ({"cluster": f"({self.cluster}, 1, 1)"} if self.cluster > 1 else {})
+            ctas = ("min(tiles_m * heads * " + batches + ", SMs)" if self.cluster == 1 else
+                    f"{self.cluster} x min(tiles_m * heads * {batches} / {self.cluster}, resident clusters)")
+            return {"x": f"{ctas} with tiles_m = {tiles_m}, heads = {self.heads}", "y": "1", "z": "1"} | cluster
+        return {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches} | cluster
 
 
 @dataclass(frozen=True)

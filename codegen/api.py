@@ -152,7 +152,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
         built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
         o = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides: every o has them
         launcher = Launcher(built, kernel, _map_params(call, built.plan, q, k, v, o), _fixed_arguments(call, built.plan),
-                            _grid(call, built.plan, q.device), q.device)
+                            _grid(call, built.plan, q.device, kernel), q.device)
         launcher.lse_shape = call.lse_shape
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
@@ -277,8 +277,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         values["tile_counter"] = counter.data_ptr()
     args = plan.abi.pack(values)
     offsets = (cu_seqlens_q, cu_seqlens_k) if varlen else ()
-    return PreparedAttention(built, kernel, args, _grid(call, plan, q.device), o, lse, q.device, offsets=offsets,
-                             tile_counter=counter, sinks=sinks)
+    return PreparedAttention(built, kernel, args, _grid(call, plan, q.device, kernel), o, lse, q.device,
+                             offsets=offsets, tile_counter=counter, sinks=sinks)
 
 
 @dataclass(frozen=True)
@@ -358,10 +358,16 @@ def _fixed_arguments(call: ResolvedCall, plan) -> dict:
     return values
 
 
-def _grid(call: ResolvedCall, plan, device) -> tuple[int, int, int]:
+def _grid(call: ResolvedCall, plan, device, kernel) -> tuple[int, int, int]:
+    grid = plan.abi.grid
+    resident = {}
+    if grid.persistent and grid.cluster_dims:  # a persistent grid of clusters: as many as the device holds at once
+        from . import driver
+
+        resident["clusters"] = driver.resident_clusters(kernel, plan.threads, grid.cluster)
     try:
         return plan.grid(call.shape.batch, max_seqlen_q=call.shape.max_seq_q if call.varlen else None,
-                         sms=_sm_count(device.index or 0) if call.spec.persistent else 0)
+                         sms=_sm_count(device.index or 0) if call.spec.persistent else 0, **resident)
     except SpecError as e:
         raise InputError(str(e)) from None
 

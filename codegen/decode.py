@@ -151,18 +151,6 @@ def fit_clusters(plan: Plan, tiles: int, splits: int, resident) -> int:
     return splits
 
 
-_RESIDENT: dict[tuple[int, int, int], int] = {}  # (function handle, threads, cluster size) -> resident clusters
-
-
-def _resident_clusters(kernel, threads: int, size: int) -> int:
-    key = (kernel.function_handle, threads, size)
-    if key not in _RESIDENT:
-        from . import driver
-
-        _RESIDENT[key] = driver.resident_clusters(kernel, threads, size)
-    return _RESIDENT[key]
-
-
 class DecodeLauncher:
     """One checked call signature's kernels, argument buffers, tensor maps and workspace (per stream)."""
 
@@ -303,6 +291,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
+    from . import driver
+
     batch, q_len, heads, dim, kv_heads, capacity = _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table)
     page_size = 0 if page_table is None else k_cache.shape[1]
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
@@ -359,7 +349,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
     plan = built.plan
     if not num_splits:
-        splits = fit_clusters(plan, tiles, splits, functools.partial(_resident_clusters, kernel, plan.threads))
+        splits = fit_clusters(plan, tiles, splits, functools.partial(driver.resident_clusters, kernel, plan.threads))
     map_params = {}  # a gathering kernel reads the caches by address, through no tensor map
     for op, cache in () if spec.gather else (("k", k_cache), ("v", v_cache)):
         strides = [cache.stride(a) if cache.shape[a] > 1 else cache.shape[3] for a in (0, 1, 2)]

@@ -75,10 +75,20 @@ def sibling(kernel: LoadedKernel, kernel_name: str, dynamic_smem: int = 0) -> Lo
     return LoadedKernel(kernel.module, function, dynamic_smem, kernel.context)
 
 
+_RESIDENT: dict[tuple[int, int, int], int] = {}  # (function handle, threads, cluster size) -> resident clusters
+
+
 def resident_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
     """Clusters of `size` CTAs of `threads` threads of a loaded kernel that the device holds at once
     (cuOccupancyMaxActiveClusters: a GPC takes whole clusters only, so this is below SMs / size where a GPC's SMs
-    are not a multiple of the size)."""
+    are not a multiple of the size). Asked once per kernel and shape of cluster."""
+    key = (kernel.function_handle, threads, size)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _max_active_clusters(kernel, threads, size)
+    return _RESIDENT[key]
+
+
+def _max_active_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
     check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
     attr = cu.CUlaunchAttribute()
     attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION

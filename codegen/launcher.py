@@ -127,7 +127,6 @@ class Launcher:
         self.built, self.kernel, self.grid, self.device = built, kernel, grid, device
         plan = built.plan
         self.block, self.smem = plan.threads, plan.smem.total
-        self.persistent = bool(plan.spec.persistent)
         cluster = plan.abi.grid.cluster_dims
         self._clustered = ConfiguredLaunch(kernel, grid, self.block, cluster) if cluster else None
         self.map_params = map_params
@@ -153,7 +152,7 @@ class Launcher:
         """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp; sinks:
         the (H,) logits of a kernel with sinks)."""
         maps = (self._map("q", q), self._map("k", k), self._map("v", v), self._map("o", o))
-        counter = stream_counter(self.device, stream) if self.persistent else 0
+        counter = stream_counter(self.device, stream) if self._counter is not None else 0
         with self._lock:
             for slot, (holder, encoded) in enumerate(zip(self._map_holders, maps)):
                 if self._loaded_maps[slot] is not encoded:  # the same map as the last launch: already in place
@@ -162,7 +161,7 @@ class Launcher:
             self._lse.value = lse
             if self._sinks is not None:
                 self._sinks.value = sinks
-            if self.persistent:
+            if self._counter is not None:
                 self._counter.value = counter
             if self._clustered is not None:
                 self._clustered(stream, self._args)

@@ -203,10 +203,10 @@ POLICY: tuple[Choice, ...] = (
          (), "v33",
          "not measured yet"),
 
-    # --- persistent: one CTA per SM looping over tiles from a global counter (KernelSpec.persistent = None) ------
-    _row("persistent", False, is_("multicast"),
-         (), "v33",
-         "a multicast pair is one tile per CTA (the pair's key blocks are fixed by its two tiles)"),
+    # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
+    _row("persistent", False, (is_("multicast"), not_("dense")),
+         (), ("v33", "v34"),
+         "a pair whose tiles differ is one tile per CTA: a persistent pair's rings advance together, so alike tiles"),
     _row("persistent", False, gt("head_dim", PERSISTENT_MAX_HEAD_DIM),
          (), "v7",
          "the tile loop spills at D=256 (O alone is 128 registers; codegen.spec.PERSISTENT_MAX_HEAD_DIM)"),

@@ -188,9 +188,10 @@ static __device__ __forceinline__ u32 cluster_rank() {
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-static __device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
-  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [r]; }"
-               :: "r"(bar), "r"(rank) : "memory");
+// `count` arrivals on the barrier at the same offset in cluster CTA `rank`'s shared memory.
+static __device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank, u32 count = 1) {
+  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [r], %2; }"
+               :: "r"(bar), "r"(rank), "r"(count) : "memory");
 }
 
 // wgmma accumulator fragment (PTX ISA: "Register Fragments for wgmma .m64nNk16", matrix D):
@@ -353,6 +354,25 @@ struct Tile {
 static __device__ __forceinline__ int ring_slot(int ring, int t) { return (ring + t) % cfg::kStages; }
 static __device__ __forceinline__ u32 ring_phase(int ring, int t) { return ((ring + t) / cfg::kStages) & 1; }
 
+// Releases a K or V slot for kWarps consumer warps. Multicast: a slot's empty barrier counts both CTAs' consumer
+// warps. A block the pair shares is released on both CTAs' barriers (either producer may load the next block into
+// both rings); one only this CTA visits counts twice on its own.
+template <u32 kWarps = 1>
+static __device__ __forceinline__ void release_slot(u32 empty, bool shared) {
+  if constexpr (cfg::kMulticast) {
+    if (shared) {
+      mbar_arrive_count(empty, kWarps);
+      mbar_arrive_remote(empty, cluster_rank() ^ 1, kWarps);
+    } else {
+      mbar_arrive_count(empty, 2 * kWarps);
+    }
+  } else if constexpr (kWarps == 1) {
+    mbar_arrive(empty);
+  } else {
+    mbar_arrive_count(empty, kWarps);
+  }
+}
+
 // The key blocks query tile m_block visits: [first, first + count). Blocks wholly outside every row's band
 // are skipped; a tile whose rows see no key at all gets count 0 (its rows output 0, logsumexp -inf).
 static __device__ __forceinline__ void kv_range(int m_block, Lengths len, int& first, int& count) {
@@ -418,7 +438,7 @@ static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
 static __device__ __forceinline__ void visit_range(Tile& tile) {
   kv_range(tile.m_block, tile.len, tile.kv_first, tile.n_kv);
   tile.n_shared = 0;
-  if constexpr (cfg::kMulticast) {
+  if constexpr (cfg::kMulticast && !cfg::kPersistent) {
     // The peer's tile is m_block ^ 1 of the same sequence and head. With no left window both ranges start at
     // key block 0, so the two share the shorter one.
     int peer_first, peer_n;
@@ -429,6 +449,8 @@ static __device__ __forceinline__ void visit_range(Tile& tile) {
     // Hide the (often constant) block count from the optimizer: unrolled short loops inside the tile loop
     // overran the consumers' registers at some lengths (S=256 spilled 208 bytes).
     asm volatile("" : "+r"(tile.n_kv));
+    // A persistent pair's tiles are alike (the spec checks): they share every block.
+    if constexpr (cfg::kMulticast) tile.n_shared = tile.n_kv;
   }
 }
 
@@ -459,12 +481,43 @@ static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
 // The persistent producer's tile sequence: every tile index from gridDim.x up is fetched from the counter
 // exactly once, one ahead (its latency hides under the current tile), and each CTA's last fetch is past the
 // end, so a launch makes `total` fetches; whoever makes the last one zeroes the counter for the next launch.
+// Multicast: the pair's CTAs must take tiles 2c and 2c + 1 at every step, which one counter cannot hand out, so
+// tiles are taken at a fixed stride instead (blockIdx.x, + gridDim.x, ...; its tiles are alike, the spec checks).
 struct TileFetcher {
-  int idx, fetched, total;
+  int idx, fetched, total;  // total: the counter's only (see end)
+  __device__ __forceinline__ static TileFetcher first(const Params& p) {
+    if constexpr (cfg::kMulticast) return TileFetcher{static_cast<int>(blockIdx.x), 0, 0};
+    else return TileFetcher{static_cast<int>(blockIdx.x), atomicAdd(p.tile_counter, 1), p.tiles_m * cfg::kHeads * p.batches};
+  }
+  // The number of tiles. Multicast: computed where it is used, from parameters hidden from the optimizer there
+  // (as the stride in upcoming): held across the tile loop, either spilled in the 24-register producer (D=64).
+  __device__ __forceinline__ int end(const Params& p) const {
+    if constexpr (cfg::kMulticast) {
+      int tiles_m = p.tiles_m, batches = p.batches;
+      asm volatile("" : "+r"(tiles_m), "+r"(batches));
+      return tiles_m * cfg::kHeads * batches;
+    } else {
+      return total;
+    }
+  }
+  // The tile after idx (unsigned: compared against the end as such). Multicast: the stride read where it is used.
+  __device__ __forceinline__ u32 upcoming() const {
+    if constexpr (cfg::kMulticast) {
+      u32 ctas;
+      asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
+      return idx + ctas;
+    } else {
+      return gridDim.x + fetched;
+    }
+  }
   __device__ __forceinline__ void next(const Params& p) {
-    if (fetched == total - 1) atomicExch(p.tile_counter, 0);
-    idx = gridDim.x + fetched;
-    if (idx < total) fetched = atomicAdd(p.tile_counter, 1);
+    if constexpr (cfg::kMulticast) {
+      idx = upcoming();
+    } else {
+      if (fetched == total - 1) atomicExch(p.tile_counter, 0);
+      idx = upcoming();
+      if (idx < total) fetched = atomicAdd(p.tile_counter, 1);
+    }
   }
 };
 
@@ -479,9 +532,9 @@ static __device__ __forceinline__ void producer_tiles(const Params& p, u32 bars,
     if (grid_tile(p, tile)) body(tile, 0, 0, TileFetcher{0, 0, 0});
   } else {
     int ring = 0, done = 0;
-    TileFetcher f{static_cast<int>(blockIdx.x), atomicAdd(p.tile_counter, 1), p.tiles_m * cfg::kHeads * p.batches};
+    TileFetcher f = TileFetcher::first(p);
     for (;;) {
-      const bool more = f.idx < f.total;
+      const bool more = f.idx < f.end(p);
       Tile tile = decode_tile(p, more ? f.idx : 0);
       if (cfg::kVarlen && more && tile.m_block * cfg::kBlockM >= tile.len.seq_q) {  // past its sequence's end
         f.next(p);
@@ -736,7 +789,13 @@ static __device__ __forceinline__ void store_tile(const Params& args, unsigned c
     if constexpr (cfg::kVarlen) named_barrier_sync(kEpilogueBarrier + th.consumer, 128);  // a partial tile is read by every thread's copy
     if (th.tid == 0) {
       tma_store_drain();
-      mbar_arrive_count(bar(bars, o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), cfg::kWarpsPerConsumer);
+      // Multicast: the slot is the pair's (a persistent pair's tiles are alike: every block is shared).
+      if constexpr (cfg::kMulticast) {  // the K slot is the pair's (a persistent pair's tiles are alike: all shared)
+        if (o_slot >= 0) release_slot<cfg::kWarpsPerConsumer>(bar(bars, kBarKEmpty + o_slot), true);
+        else mbar_arrive_count(bar(bars, kBarQEmpty), cfg::kWarpsPerConsumer);
+      } else {
+        mbar_arrive_count(bar(bars, o_slot >= 0 ? kBarKEmpty + o_slot : kBarQEmpty), cfg::kWarpsPerConsumer);
+      }
     }
   }
 }
@@ -799,29 +858,20 @@ static __device__ __forceinline__ void pass_turn(int consumer) {
 
 // Once QK has read a K slot, this warp releases it. Persistent: the tile's last K slot is kept to stage O
 // (released after the store), and Q is released instead, so the producer can load the next tile's Q while
-// this one finishes.
+// this one finishes. Q is each CTA's own, also in a multicast pair.
 // `zero` is 0 at run time; a pinned step passes zero_after(alpha), which keeps the row maxima ahead of this arrive.
-// Multicast: a slot's empty barrier counts both CTAs' consumer warps. A block the pair shares is released on
-// both CTAs' barriers (either producer may load the next block into both rings); one only this CTA visits counts
-// twice on its own.
-static __device__ __forceinline__ void release_slot(u32 empty, bool shared) {
-  if constexpr (cfg::kMulticast) {
-    if (shared) {
-      mbar_arrive(empty);
-      mbar_arrive_remote(empty, cluster_rank() ^ 1);
-    } else {
-      mbar_arrive_count(empty, 2);
-    }
-  } else {
-    mbar_arrive(empty);
-  }
-}
-
 // `shared`: the block is the cluster peer's too (multicast; see release_slot).
 static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int k_slot, bool is_last, bool shared,
                                                         u32 zero = 0) {
   __syncwarp();
-  if (lane == 0) release_slot(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero, shared);
+  if (lane == 0) {
+    if constexpr (cfg::kMulticast && cfg::kPersistent) {
+      if (is_last) mbar_arrive(bar(bars, kBarQEmpty) + zero);
+      else release_slot(bar(bars, kBarKEmpty + k_slot) + zero, shared);
+    } else {
+      release_slot(bar(bars, cfg::kPersistent && is_last ? kBarQEmpty : kBarKEmpty + k_slot) + zero, shared);
+    }
+  }
 }
 
 static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot, bool shared) {
@@ -877,8 +927,8 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
     // own load after this tile's last QK hits L2 (Plan.prefetch_next_q says where).
     auto prefetch_next_q = [&]() {
       if constexpr (cfg::kPrefetchQ) {
-        if (gridDim.x + f.fetched < f.total) {
-          const Tile next = decode_tile(args, gridDim.x + f.fetched);
+        if (f.upcoming() < f.end(args)) {
+          const Tile next = decode_tile(args, f.upcoming());
           for (int c = 0; c < 2; ++c)
             prefetch_q_tile(args.tmap_q, next.q_start + next.m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer,
                             next.head, next.tma_batch);

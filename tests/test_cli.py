@@ -435,11 +435,14 @@ def test_multicast_refusals_are_one_line(args, message, capsys):
     assert message in one_error_line(capsys)
 
 
-def test_multicast_kernel_from_the_command_line(tmp_path):
-    assert gen.main(["--shape", "1024,8,128", "--causal", "--multicast", "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize("mask, persistent", [(["--causal"], False), ([], True)])
+def test_multicast_kernel_from_the_command_line(tmp_path, mask, persistent):
+    """Causal pairs are one tile per CTA; alike tiles pair persistently (the policy's persistence)."""
+    assert gen.main(["--shape", "1024,8,128", *mask, "--multicast", "--out", str(tmp_path)]) == 0
     (manifest,) = tmp_path.glob("*.json")
     described = json.loads(manifest.read_text())
     assert described["spec"]["multicast"] is True and described["kernel"].endswith("_mc")
+    assert described["spec"]["persistent"] is persistent
     # The kernel's header names the command that emits it again, the flag included.
     (source,) = tmp_path.glob("*.cu")
     assert source.read_text().splitlines()[1].endswith(" --multicast")

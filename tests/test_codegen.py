@@ -57,7 +57,10 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
             for d in (64, 96, 128)] + \
            [KernelSpec(seq_len=1000, heads=16, head_dim=d, multicast=True, causal=c, dtype="bf16", kv_heads=4)
             for d in SPLITS for c in (False, True)] + \
-           [KernelSpec(seq_len=4096, heads=16, head_dim=128, multicast=True, causal=c, softcap=20.0) for c in (False, True)]
+           [KernelSpec(seq_len=4096, heads=16, head_dim=128, multicast=True, causal=c, softcap=20.0) for c in (False, True)] + \
+           [KernelSpec(seq_len=2048, heads=8, head_dim=d, multicast=True, persistent=pe, tile_overlap=ov, sinks=True,
+                       seq_len_k=3000, kv_heads=8 // g, dtype="bf16")
+            for d, pe, ov, g in ((64, True, False, 8), (96, False, None, 1), (128, True, False, 4), (128, False, None, 8))]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -465,7 +468,7 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     assert "constexpr bool kMulticast = true;" in source and "kBothCtas = 0b11" in source
     assert "complete_tx::bytes.multicast::cluster" in source and "mapa.shared::cluster.u32" in source
     # The releases to the peer order nothing but the slot (no MEMBAR a key block), as CUTLASS's cluster pipelines.
-    assert "mbarrier.arrive.shared::cluster.b64 _, [r];" in source and "arrive.release.cluster" not in source
+    assert "mbarrier.arrive.shared::cluster.b64 _, [r], %2;" in source and "arrive.release.cluster" not in source
     # A cluster CTA's shared addresses have bits above the descriptor's 18-bit field: the consumer masks them off
     # its tiles' base once (not each descriptor: desc_at stays the plain sum).
     assert "mma_smem = cfg::kMulticast ? smem % cfg::kDescAddressLimit : smem" in source
@@ -479,8 +482,35 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     assert not resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128)).multicast
 
 
+def test_persistent_pairs_take_alike_tiles_at_a_fixed_stride():
+    spec = resolve(KernelSpec(seq_len=4096, heads=32, head_dim=128, dtype="bf16", multicast=True))
+    plan = make_plan(spec)
+    assert spec.persistent and spec.name.endswith("_persist_mc")  # the policy's persistence where tiles are alike
+    # No counter (one index cannot go to a whole cluster): tiles blockIdx.x, + gridDim.x, ... in both CTAs.
+    assert "tile_counter" not in plan.abi.names and {"tiles_m", "batches"} <= set(plan.abi.names)
+    assert not plan.abi.grid.counter and plan.abi.grid.cluster_dims == (2, 1, 1)
+    arrivals = {b.name: b.arrivals for b in plan.abi.barriers.barriers}
+    assert arrivals["KEmpty"] == arrivals["VEmpty"] == 16 and arrivals["QEmpty"] == 8  # Q is each CTA's own
+    # As many pairs as the device holds at once, never more than there are tile pairs.
+    assert plan.grid(4, sms=132, clusters=66) == (132, 1, 1) and plan.grid(4, sms=132, clusters=60) == (120, 1, 1)
+    assert make_plan(resolve(KernelSpec(seq_len=256, heads=2, head_dim=128, multicast=True))).grid(
+        1, sms=132, clusters=66) == (4, 1, 1)
+    with pytest.raises(ValueError, match="clusters the device holds"):
+        plan.grid(4, sms=132)
+    launch = plan.abi.grid.c_launch("kern", 384, 1000, "a")
+    assert "cudaOccupancyMaxActiveClusters(&clusters, kern, &config)" in launch
+    assert launch.index("cudaOccupancyMaxActiveClusters") < launch.index("config.gridDim = dim3(ctas);")
+    source = render(plan).source
+    # The K slot that staged a tile's O is released on both CTAs (the model: test_protocol_sm90's races).
+    assert "release_slot<cfg::kWarpsPerConsumer>(bar(bars, kBarKEmpty + o_slot), true)" in source
+    assert "persistent: one CTA per SM taking 128-row query tiles at a fixed stride" in source
+    # Causal or windowed tiles differ: a pair of them stays one tile per CTA.
+    assert not resolve(KernelSpec(seq_len=1024, heads=32, head_dim=128, causal=True, multicast=True)).persistent
+
+
 @pytest.mark.parametrize("options, message", [
-    (dict(persistent=True), "cannot be persistent"), (dict(varlen=True), "not varlen"),
+    (dict(persistent=True, causal=True), "persistent pair needs alike tiles"), (dict(varlen=True), "not varlen"),
+    (dict(persistent=True, window=(-1, 64)), "persistent pair needs alike tiles"),
     (dict(window=(64, 0)), "no left window"), (dict(arch="sm_100a"), "sm_90a forward mode"),
     (dict(multicast="yes"), "True, False or None")])
 def test_multicast_refuses_what_it_cannot_pair(options, message):
@@ -491,7 +521,7 @@ def test_multicast_refuses_what_it_cannot_pair(options, message):
 def test_persistent_grid_is_bounded_by_the_sms_and_the_tile_counter():
     plan = make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=128, persistent=True))
     assert plan.grid(3, sms=132) == (132, 1, 1) and plan.grid(1, sms=1000) == (8 * 16, 1, 1)
-    with pytest.raises(SpecError, match="overflow the persistent kernel's 32-bit tile counter"):
+    with pytest.raises(SpecError, match="overflow the persistent kernel's 32-bit tile index"):
         plan.grid(2**31 // (8 * 16) + 1, sms=132)
     assert make_plan(KernelSpec(seq_len=1000, heads=16, head_dim=128, persistent=False)).grid(3) == (8, 16, 3)
 

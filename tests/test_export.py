@@ -34,8 +34,10 @@ VARLEN = [resolve(KernelSpec(seq_len=2048, heads=16, head_dim=128, varlen=True, 
           resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, varlen=True, window=(64, 32), softcap=25.0))]
 
 
-# A multicast bundle: query tiles in two-CTA clusters, launched by cudaLaunchKernelEx.
-MULTICAST = resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, causal=True, multicast=True, dtype="bf16"))
+# Multicast bundles: query tiles in two-CTA clusters, launched by cudaLaunchKernelEx; one tile per CTA (causal), and
+# persistent pairs (alike tiles), as many clusters as the device holds at once.
+MULTICAST = [resolve(KernelSpec(seq_len=1024, heads=8, head_dim=128, causal=True, multicast=True, dtype="bf16")),
+             resolve(KernelSpec(seq_len=2048, heads=8, head_dim=128, multicast=True, dtype="bf16"))]
 
 
 def find_nvcc() -> str | None:
@@ -100,12 +102,15 @@ def test_per_tile_launcher_grid(tmp_path):
     assert f"const int tiles_m = {plan.m_blocks};" in launcher
 
 
-def test_multicast_launcher_launches_clusters_of_two(tmp_path):
-    bundle = export_bundle(MULTICAST, tmp_path)
-    launcher = (tmp_path / f"{MULTICAST.name}_launch.cu").read_text()
+@pytest.mark.parametrize("spec", MULTICAST, ids=lambda s: s.name)
+def test_multicast_launcher_launches_clusters_of_two(tmp_path, spec):
+    bundle = export_bundle(spec, tmp_path)
+    launcher = (tmp_path / f"{spec.name}_launch.cu").read_text()
     assert "cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1" in launcher
-    assert f"cudaLaunchKernelEx(&config, {MULTICAST.name}, " in launcher and "<<<" not in launcher
+    assert f"cudaLaunchKernelEx(&config, {spec.name}, " in launcher and "<<<" not in launcher
     assert bundle.built.manifest()["grid"]["cluster"] == "(2, 1, 1)"
+    assert spec.persistent == ("cudaOccupancyMaxActiveClusters" in launcher)
+    assert "tile_counter" not in launcher
 
 
 @pytest.mark.parametrize("spec", THREE_ATOMS, ids=lambda s: s.name)
@@ -178,7 +183,7 @@ DECODE = [DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=4, dtype="bf16"),
           DecodeSpec(heads=16, kv_heads=4, head_dim=96, q_len=1, dtype="bf16", page_size=1, gather=True)]
 
 
-@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE, MULTICAST] + THREE_ATOMS + VARLEN + SINKS + BLACKWELL + DECODE,
+@pytest.mark.parametrize("spec", CANONICAL + [COVERAGE] + MULTICAST + THREE_ATOMS + VARLEN + SINKS + BLACKWELL + DECODE,
                          ids=lambda s: s.name)
 def test_bundle_compiles_and_links_with_nvcc(spec, tmp_path, nvcc):
     bundle = export_bundle(spec, tmp_path)

@@ -361,6 +361,44 @@ def test_multicast(seq_q, seq_k, head_dim, causal, kv_heads, window, softcap):
                  tuning=dict(multicast=True))
 
 
+# Persistent pairs (alike tiles: no causal or window bound): both CTAs of a cluster take tiles 2c, 2c+1 at every
+# step of a fixed stride; each stages its O in its last block's K slot, released on both CTAs. Several tiles per
+# CTA (2 x 4096 x 16 heads: 1024 tiles), fewer tiles than the grid holds, both tile boundaries, a ragged last tile.
+@pytest.mark.parametrize("batch, seq_q, seq_k, heads, kv_heads, head_dim, overlap", [
+    (2, 4096, 4096, 16, 4, 128, None),       # the default boundary: O stored under the next tile's first QK
+    (2, 4096, 4096, 16, 16, 128, False),     # O stored after the last PV
+    (1, 256, 256, 2, 2, 128, None),          # 4 tiles: two clusters, one tile each
+    (3, 1000, 1000, 8, 2, 64, None),         # a ragged last tile
+    (2, 2048, 3000, 8, 8, 96, False),
+])
+def test_persistent_multicast(batch, seq_q, seq_k, heads, kv_heads, head_dim, overlap):
+    run_coverage(batch, seq_q, seq_k, heads, kv_heads, head_dim,
+                 tuning=dict(multicast=True, persistent=True, tile_overlap=overlap))
+
+
+def test_persistent_pairs_fill_the_resident_clusters():
+    from codegen import driver
+
+    q = torch.randn(2, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
+    call = prepare(q, q, q, multicast=True)
+    assert call.spec.multicast and call.spec.persistent and call.tile_counter is None
+    clusters = driver.resident_clusters(call.kernel, call.built.plan.threads, 2)
+    assert 1 <= clusters <= torch.cuda.get_device_properties(0).multi_processor_count // 2
+    assert call.grid == (2 * clusters, 1, 1)
+    ref_o, _ = check.reference(q, q, q)
+    same_dtype = check.same_dtype_output(q, q, q)
+    for _ in range(3):  # no state carried between launches (the fixed stride needs no counter)
+        call.o.fill_(float("nan"))
+        call()
+        torch.cuda.synchronize()
+        failure = check.accuracy_failure(call.o, ref_o, same_dtype, floor=0.0)
+        assert failure is None, failure
+    for causal in (False, True):  # attention()'s cached launcher, persistent pairs and one tile per CTA
+        expected = prepare(q, q, q, causal=causal, multicast=True)
+        expected()
+        assert torch.equal(attention(q, q, q, causal=causal, multicast=True), expected.o)
+
+
 def test_multicast_launches_clusters_of_two():
     q = torch.randn(1, 1000, 4, 128, device="cuda", dtype=torch.bfloat16)
     call = prepare(q, q, q, causal=True, multicast=True)

@@ -184,3 +184,51 @@ def test_missing_cluster_barrier_is_caught(monkeypatch, barrier, message):
     _mutated(monkeypatch, lambda role, steps: [s for s in steps if s.barrier != barrier])
     with pytest.raises(ProtocolError, match=message):
         protocol.check_pair(2, 1, 1, schedules=30)
+
+
+PERSISTENT_PAIRS = [[1], [2, 2], [1, 1, 1], [3, 3, 3], [4, 4]]
+
+
+@pytest.mark.parametrize("stages", (2, 3))
+@pytest.mark.parametrize("overlap", (False, True))
+@pytest.mark.parametrize("model", ("async", "immediate"))
+def test_persistent_pair(stages, overlap, model):
+    """A persistent pair takes the same tile pair at every step (alike tiles: every block shared); each CTA stages
+    its O in its last block's K slot, which both CTAs' rings then reuse."""
+    for tiles in PERSISTENT_PAIRS:
+        protocol.check_pair(stages, tiles, tiles, persistent=True, overlap=overlap,
+                            async_completions=model == "async", schedules=15, seed=sum(tiles))
+
+
+def _staged_releases(steps, change):
+    """steps with each release that follows an O staged in a K slot (its own and the peer's arrival) replaced by
+    change(own arrival, peer arrival)."""
+    out, i = [], 0
+    while i < len(steps):
+        s = steps[i]
+        out.append(s)
+        i += 1
+        if s.kind == "use" and s.use.split()[1:3] == ["stage", "O"] and s.use.split()[-1].startswith("K"):
+            out += change(steps[i], steps[i + 1])
+            i += 2
+    return out
+
+
+@pytest.mark.parametrize("overlap", (False, True))
+def test_persistent_pair_staged_slot_released_on_one_cta_races(monkeypatch, overlap):
+    """The K slot that staged a tile's O is the pair's: released twice on its own CTA only, the peer's producer
+    multicasts the next tile's block into it while this CTA's O store may still read it."""
+    _mutated(monkeypatch, lambda role, steps: _staged_releases(
+        steps, lambda own, peer: [Step(own.kind, own.barrier, own.phase, own.use, 2 * own.count)]))
+    with pytest.raises(ProtocolError, match=r"\(multicast by CTA \d\): K slot \d loaded with block \d+ "
+                                            r"while tile \d's O is staged there"):
+        protocol.check_pair(2, [2, 2, 2], [2, 2, 2], persistent=True, overlap=overlap, schedules=60)
+
+
+def test_persistent_pair_releases_q_on_its_own_cta_only():
+    """Q is each CTA's own: its empty barrier counts this CTA's 8 warps, and a release on the peer's would complete
+    the peer's phase early."""
+    progs = protocol.pair_programs(2, [2, 2], [2, 2], persistent=True)
+    owners = {(role.split(".")[0], s.barrier.split(".")[0]) for role, steps in progs.items() for s in steps
+              if s.kind == "arrive" and s.barrier.endswith("QEmpty")}
+    assert owners == {("cta0", "cta0"), ("cta1", "cta1")}

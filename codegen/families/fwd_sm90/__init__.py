@@ -39,22 +39,31 @@ def summary(plan: Plan) -> str:
             f"PV split {'+'.join(map(str, s.pv_split))}, {s.stages} stages")
 
 
+def _structure(plan: Plan) -> str:
+    """How CTAs take query tiles, for the kernel's header comment."""
+    s = plan.spec
+    if not s.persistent:
+        return f"one CTA per {s.block_m}-row query tile"
+    source = "at a fixed stride (the pair's two at once)" if s.multicast else "from a counter"
+    return f"persistent: one CTA per SM taking {s.block_m}-row query tiles {source}"
+
+
 def _tiles_summary(plan: Plan) -> str:
-    if plan.spec.multicast:
-        return ("one tile per CTA, in pairs (tiles 2c, 2c+1: a two-CTA cluster) that load the key blocks both visit "
-                "once; its O is stored after its last PV.")
+    pairs = (" in pairs (tiles 2c, 2c+1: a two-CTA cluster) that load the key blocks both visit once"
+             if plan.spec.multicast else "")
     if not plan.spec.persistent:
-        return "one tile per CTA; its O is stored after its last PV."
+        return f"one tile per CTA{pairs}; its O is stored after its last PV."
     boundary = ("a tile's O is stored while the next tile's first QK^T runs" if plan.tile_overlap
                 else "a tile's O is stored after its last PV")
-    return boundary + ("; the next tile's Q is prefetched to L2 during this one." if plan.prefetch_next_q else ".")
+    return (f"tiles{pairs}; " if pairs else "") + boundary + (
+        "; the next tile's Q is prefetched to L2 during this one." if plan.prefetch_next_q else ".")
 
 
 def modes(plan: Plan) -> list[tuple[str, bool]]:
     """The kernel's code paths, as cfg::k<Name> constants (the template branches on them with if constexpr)."""
     s = plan.spec
     return [
-        ("Persistent", bool(s.persistent)),  # one CTA per SM taking tiles from a counter
+        ("Persistent", bool(s.persistent)),  # one CTA per SM taking tiles (from a counter; multicast: a fixed stride)
         ("Varlen", s.varlen),                # lengths from cu_seqlens at run time
         ("Pingpong", s.pingpong),            # the consumers take turns issuing their MMAs
         ("TileOverlap", plan.tile_overlap),  # a tile's O stored under the next tile's first QK
@@ -108,6 +117,7 @@ def context(plan: Plan) -> dict:
         "regenerate": regenerate_command(s),
         "summary": summary(plan),
         "tiles_summary": _tiles_summary(plan),
+        "structure": _structure(plan),
         "kernel_name": s.name,
         "persistent": bool(s.persistent),
         "multicast": bool(s.multicast),

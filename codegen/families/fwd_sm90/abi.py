@@ -30,9 +30,9 @@ _VARLEN = (
     Param("o_row_bytes", "long long", Pack.I64, "o's stride between packed rows, in bytes", "o_row_bytes"),
     Param("o_head_bytes", "long long", Pack.I64, "o's stride between heads, in bytes", "o_head_bytes"),
 )
-_PERSISTENT = (
-    Param("tile_counter", "int* __restrict__", Pack.POINTER,
-          "int, zero before the launch (the launch leaves it zero); CTAs take tiles from it", "tile_counter"),
+_TILE_COUNTER = Param("tile_counter", "int* __restrict__", Pack.POINTER,
+                      "int, zero before the launch (the launch leaves it zero); CTAs take tiles from it", "tile_counter")
+_TILE_LOOP = (  # a persistent CTA's tiles
     Param("tiles_m", "int", Pack.I32, "query tiles per (head, sequence): ceil(S / block_m), or of max_seqlen_q "
           "when varlen", "tiles_m"),
     Param("batches", "int", Pack.I32, "batch entries (sequences when varlen)", "batch"),
@@ -42,10 +42,10 @@ _SCALE = Param("scale_log2", "float", Pack.F32, "the softmax scale times log2(e)
 # What the Blackwell forward family (codegen/families/fwd_sm100) takes as this family does: the varlen offsets
 # and tiles_m.
 CU_SEQLENS = _VARLEN[:2]
-TILES_M = _PERSISTENT[1]
+TILES_M = _TILE_LOOP[0]
 
 # Every parameter the family's kernels can take, in order; a spec's kernel takes the ones of its modes.
-ALL_PARAMS = _MAPS + (_LSE, _SINKS) + _VARLEN + _PERSISTENT + (_SCALE,)
+ALL_PARAMS = _MAPS + (_LSE, _SINKS) + _VARLEN + (_TILE_COUNTER,) + _TILE_LOOP + (_SCALE,)
 
 
 # Every mbarrier the family's kernels can have; a spec's kernel has those of its modes.
@@ -55,10 +55,11 @@ BARRIER_NAMES = ("QFull", "KFull", "VFull", "KEmpty", "VEmpty", "QEmpty")
 def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: int, heads: int,
                sinks: bool = False, cluster: int = 1) -> KernelABI:
     """`cluster` > 1 (multicast): that many CTAs share each K/V slot's loads, so a slot is free once every consumer
-    warp of every one of them has read it."""
-    assert cluster == 1 or not persistent, "a cluster pairs fixed tiles"
-    params = (_MAPS + (_LSE,) + ((_SINKS,) if sinks else ()) + (_VARLEN if varlen else ())
-              + (_PERSISTENT if persistent else ()) + (_SCALE,))
+    warp of every one of them has read it. A persistent grid of clusters takes its tiles at a fixed stride, without
+    the counter (the grid's rule)."""
+    grid = Grid(persistent=persistent, heads=heads, cluster=cluster)
+    tiling = ((_TILE_COUNTER,) if grid.counter else ()) + _TILE_LOOP if persistent else ()
+    params = _MAPS + (_LSE,) + ((_SINKS,) if sinks else ()) + (_VARLEN if varlen else ()) + tiling + (_SCALE,)
     # K and V slots are released separately: K once QK has read it, V once PV has, so with two stages the
     # next K load starts a whole PV earlier than a shared K/V release would let it.
     barriers = [
@@ -71,6 +72,7 @@ def kernel_abi(*, stages: int, persistent: bool, varlen: bool, consumer_warps: i
                 + (" (in both CTAs of the pair)" if cluster > 1 else "")),
     ]
     if persistent:
-        barriers.append(Barrier("QEmpty", 1, consumer_warps, "every consumer warp's last QK has read Q"))
+        barriers.append(Barrier("QEmpty", 1, consumer_warps, "every consumer warp's last QK has read Q"
+                                + (" (its own CTA's: each loads its own Q)" if cluster > 1 else "")))
     assert {b.name for b in barriers} <= set(BARRIER_NAMES)
-    return KernelABI(params, BarrierMap(tuple(barriers)), Grid(persistent=persistent, heads=heads, cluster=cluster))
+    return KernelABI(params, BarrierMap(tuple(barriers)), grid)

@@ -204,10 +204,11 @@ class Plan:
         """Query tiles per (head, sequence); a varlen batch passes its longest query sequence."""
         return self.m_blocks if max_seqlen_q is None else -(-max_seqlen_q // self.spec.block_m)
 
-    def grid(self, batch: int, max_seqlen_q: int | None = None, sms: int = 0) -> tuple[int, int, int]:
-        """The launch grid (the ABI's rule) for `batch` entries (sequences when varlen) on `sms` SMs."""
+    def grid(self, batch: int, max_seqlen_q: int | None = None, sms: int = 0, clusters: int = 0) -> tuple[int, int, int]:
+        """The launch grid (the ABI's rule) for `batch` entries (sequences when varlen) on `sms` SMs, or for a
+        persistent grid of clusters, `clusters` of them resident at once."""
         try:
-            return self.abi.grid.dims(tiles_m=self.tiles_m(max_seqlen_q), batch=batch, sms=sms)
+            return self.abi.grid.dims(tiles_m=self.tiles_m(max_seqlen_q), batch=batch, sms=sms, clusters=clusters)
         except GridError as e:
             raise SpecError(str(e)) from None
 

@@ -43,7 +43,8 @@ ARRIVALS = {"QFull": 1, "KFull": 1, "VFull": 1, "KEmpty": CONSUMERS * WARPS, "VE
 CTAS = 2
 ROLES = 1 + CONSUMERS
 PAIR_ARRIVALS = {"QFull": 1, "KFull": 2, "VFull": 2, "KEmpty": CTAS * CONSUMERS * WARPS,
-                 "VEmpty": CTAS * CONSUMERS * WARPS, "ClusterInit": CTAS * ROLES, "ClusterExit": CTAS * ROLES}
+                 "VEmpty": CTAS * CONSUMERS * WARPS, "QEmpty": CONSUMERS * WARPS, "ClusterInit": CTAS * ROLES,
+                 "ClusterExit": CTAS * ROLES}
 ISSUER = {"K": 0, "V": 1}  # the rank whose producer copies a shared block's operand into both CTAs
 
 __all__ = ["ProtocolError", "check", "check_pair", "pair_programs", "programs"]
@@ -225,19 +226,27 @@ def check(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool
         schedules=schedules, seed=seed)
 
 
-def pair_programs(stages: int, n_kv0: int, n_kv1: int, *, pingpong: bool = True) -> dict:
-    """Both CTAs' roles ("cta0.producer", ...): each CTA's one-tile program (`programs`, the code the kernel's pair
-    shares with a lone CTA) with its steps rewritten for the pair, between the two cluster barriers."""
-    n_kv = (n_kv0, n_kv1)
-    n_shared = min(n_kv)
+def pair_programs(stages: int, tiles0, tiles1, *, persistent: bool = False, overlap: bool = False,
+                  pingpong: bool = True) -> dict:
+    """Both CTAs' roles ("cta0.producer", ...): each CTA's program (`programs`, the code the kernel's pair shares
+    with a lone CTA) with its steps rewritten for the pair, between the two cluster barriers. One tile per CTA
+    (tiles0 and tiles1 its key blocks), or persistent: both CTAs' tile lists, alike (a persistent pair's rings
+    advance together; every block is shared)."""
+    tiles = ([tiles0] if isinstance(tiles0, int) else list(tiles0), [tiles1] if isinstance(tiles1, int) else list(tiles1))
+    if persistent:
+        assert tiles[0] == tiles[1], "a persistent pair's tiles are alike"
+    else:
+        assert len(tiles[0]) == len(tiles[1]) == 1, "one tile per CTA"
+    n_shared = sum(tiles[0]) if persistent else min(tiles[0][0], tiles[1][0])
+    starts = [sum(tiles[0][:t]) for t in range(len(tiles[0]))]
     pair = {}
     for r in range(CTAS):
         peer = 1 - r
-        own = programs(stages, n_kv[r], persistent=False, overlap=False, pingpong=pingpong)
+        own = programs(stages, tiles[r], persistent=persistent, overlap=overlap, pingpong=pingpong)
         for role, steps in own.items():
             out = [use(f"cta{r} init")] if role == "producer" else []
             out += [arrive("ClusterInit"), wait("ClusterInit", 0)]
-            block = None  # the block whose wgmma wait a release follows
+            block = None  # the block whose slot a release frees: read by the wgmma wait, or staging its tile's O
             for s in steps:
                 name = f"cta{r}.{s.barrier}"
                 if s.kind in ("wait", "sync", "signal"):
@@ -245,13 +254,20 @@ def pair_programs(stages: int, n_kv0: int, n_kv1: int, *, pingpong: bool = True)
                 elif s.kind == "use" and s.use.startswith("write") and s.use.split()[1] in ISSUER:
                     out += _pair_load(r, s.use, n_shared)
                 elif s.kind == "use":
+                    w = s.use.split()
                     if s.use.startswith(("QK done", "PV done")):
-                        block = int(s.use.split()[-1])
+                        block = int(w[-1])
+                    elif s.use.startswith("stage O") and w[-1].startswith("K"):
+                        t = int(w[3])
+                        block = starts[t] + tiles[r][t] - 1
                     out.append(use(f"cta{r} {s.use}"))
                 elif s.barrier.split("[")[0] in ("KFull", "VFull"):
                     continue  # _pair_load made the load's arrivals
                 elif s.barrier == "QFull":
                     out.append(arrive(name, engine="tma"))
+                elif s.barrier == "QEmpty":  # Q is each CTA's own
+                    out.append(arrive(name, s.count))
+                    block = None
                 else:  # a consumer's release of the block it just read
                     assert s.barrier.split("[")[0] in ("KEmpty", "VEmpty") and block is not None, s
                     if block < n_shared:
@@ -316,12 +332,13 @@ def _apply_cta_use(state: _PairState, r: int, what: str, by: str) -> None:
         raise ProtocolError(f"CTA {r}{by}: {e}") from None
 
 
-def check_pair(stages: int, n_kv0: int, n_kv1: int, *, pingpong: bool = True, async_completions=True,
-               schedules: int = 100, seed: int = 0) -> None:
-    """A multicast pair whose tiles visit n_kv0 and n_kv1 key blocks, by default with the copies (and Q's loads)
-    landing in any order after their issue: they are marked engine="tma"."""
-    run(lambda: pair_programs(stages, n_kv0, n_kv1, pingpong=pingpong),
+def check_pair(stages: int, tiles0, tiles1, *, persistent: bool = False, overlap: bool = False, pingpong: bool = True,
+               async_completions=True, schedules: int = 100, seed: int = 0) -> None:
+    """A multicast pair whose tiles visit tiles0 and tiles1 key blocks (persistent: lists of alike tiles), by default
+    with the copies (and Q's loads) landing in any order after their issue: they are marked engine="tma"."""
+    lists = [[t] if isinstance(t, int) else list(t) for t in (tiles0, tiles1)]
+    run(lambda: pair_programs(stages, tiles0, tiles1, persistent=persistent, overlap=overlap, pingpong=pingpong),
         lambda name: PAIR_ARRIVALS[name.split(".")[-1].split("[")[0]],
-        lambda: _PairState([_State(stages, [n_kv0]), _State(stages, [n_kv1])]), _apply_pair_use,
-        what=f"multicast pair of {n_kv0} and {n_kv1} key blocks, {stages} stages", schedules=schedules, seed=seed,
-        async_completions=async_completions)
+        lambda: _PairState([_State(stages, lists[0]), _State(stages, lists[1])]), _apply_pair_use,
+        what=f"multicast pair of {lists[0]} and {lists[1]} key blocks, {stages} stages, persistent={persistent}, "
+             f"overlap={overlap}", schedules=schedules, seed=seed, async_completions=async_completions)
