@@ -123,9 +123,10 @@ class GridError(ValueError):
 class Grid:
     """One CTA per (query tile, head, batch entry), or, persistent, at most one per SM, the CTAs taking the
     tiles from a 32-bit counter (which the kernel advances past the last tile by up to one per CTA). `cluster` > 1:
-    that many consecutive query tiles launch as one cluster (which the tile count must fill); a persistent grid of
-    clusters is as many clusters as the device holds at once, each taking the same tiles at every step (tile
-    blockIdx.x, then blockIdx.x + gridDim.x, ...: no counter, which cannot hand one index to a whole cluster)."""
+    that many consecutive query tiles launch as one cluster (the last one's CTAs past the tiles stay idle); a
+    persistent grid of clusters is as many clusters as the device holds at once, each taking the same tiles at every
+    step (tile blockIdx.x, then blockIdx.x + gridDim.x, ...: no counter, which cannot hand one index to a whole
+    cluster; the tile count must fill the clusters)."""
 
     persistent: bool
     heads: int
@@ -144,10 +145,10 @@ class Grid:
     def dims(self, *, tiles_m: int, batch: int, sms: int = 0, clusters: int = 0) -> tuple[int, int, int]:
         """`sms`: the device's SM count (a persistent grid); `clusters`: the clusters of this kernel the device
         holds at once (a persistent grid of clusters)."""
+        if not self.persistent:
+            return (-(-tiles_m // self.cluster) * self.cluster, self.heads, batch)
         if tiles_m % self.cluster:
             raise GridError(f"{tiles_m} query tiles do not fill clusters of {self.cluster}")
-        if not self.persistent:
-            return (tiles_m, self.heads, batch)
         tiles = tiles_m * self.heads * batch
         if self.cluster > 1:
             if clusters < 1:
@@ -181,13 +182,16 @@ class Grid:
             lines += [f"{kernel}<<<{dims}, dim3({threads}), {smem_bytes}, stream>>>({args});",
                       "return cudaGetLastError();"]
             return "\n  ".join(lines)
+        # Persistent: a first grid of one cluster, for the occupancy query; else tiles_m rounded up to whole clusters.
+        dims = (f"dim3({self.cluster})" if self.persistent else
+                f"dim3((tiles_m + {self.cluster - 1}) / {self.cluster} * {self.cluster}, {self.heads}, batch)")
         lines = [
             f"// Query tiles in clusters of {self.cluster} (consecutive tiles of one head): they share their key blocks' loads.",
             "cudaLaunchAttribute cluster;",
             "cluster.id = cudaLaunchAttributeClusterDimension;",
             f"cluster.val.clusterDim.x = {self.cluster}, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;",
             "cudaLaunchConfig_t config = {};",
-            f"config.gridDim = dim3({self.cluster if self.persistent else f'tiles_m, {self.heads}, batch'}), "
+            f"config.gridDim = {dims}, "
             f"config.blockDim = dim3({threads}), config.dynamicSmemBytes = {smem_bytes};",
             "config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;"]
         if self.persistent:
@@ -208,7 +212,8 @@ class Grid:
             ctas = ("min(tiles_m * heads * " + batches + ", SMs)" if self.cluster == 1 else
                     f"{self.cluster} x min(tiles_m * heads * {batches} / {self.cluster}, resident clusters)")
             return {"x": f"{ctas} with tiles_m = {tiles_m}, heads = {self.heads}", "y": "1", "z": "1"} | cluster
-        return {"x": tiles_m, "y": f"heads = {self.heads}", "z": batches} | cluster
+        x = tiles_m if self.cluster == 1 else f"{tiles_m} rounded up to a multiple of {self.cluster}"
+        return {"x": x, "y": f"heads = {self.heads}", "z": batches} | cluster
 
 
 @dataclass(frozen=True)

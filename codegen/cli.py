@@ -177,8 +177,8 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                              "that joins each row's softmax denominator and logsumexp")
     parser.add_argument("--multicast", action=argparse.BooleanOptionalAction, default=None,
                         help="query tiles 2c and 2c+1 as a two-CTA cluster that loads each key block both visit "
-                             "once (sm_90a forward; fixed lengths, no left window, an even number of 128-row query "
-                             "tiles); --no-multicast: never (default: per shape)")
+                             "once (sm_90a forward; fixed lengths, no left window; persistent where the tiles are "
+                             "alike); --no-multicast: never (default: per shape)")
 
 
 def window_arguments(parser: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "multicast": lambda s: bool(s.multicast),
     # a spec whose query tiles can go in two-CTA clusters (KernelSpec.multicast_refusal says why not)
     "pairable": lambda s: s.multicast_refusal() is None,
+    "pairs_alike": lambda s: s.pairs_alike_tiles,        # a pair of tiles that do the same work (no idle peer)
     "dense": _dense,
     "trace": lambda s: s.trace,                  # the instrumented build (codegen/trace.py)
     # a persistent kernel whose tiles all do the same work (dense): where the tile boundary can overlap and the
@@ -198,15 +199,15 @@ POLICY: tuple[Choice, ...] = (
     # --- multicast: query tiles in two-CTA clusters sharing their K/V loads (KernelSpec.multicast = None) ---------
     _row("multicast", False, not_("pairable"),
          (), "v33",
-         "the pair needs fixed lengths, key ranges that start together and an even tile count (spec and plan check)"),
+         "the pair needs fixed lengths and key ranges that start together (the spec checks)"),
     _row("multicast", False, OTHERWISE,
          (), "v33",
          "not measured yet"),
 
     # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
-    _row("persistent", False, (is_("multicast"), not_("dense")),
+    _row("persistent", False, (is_("multicast"), not_("pairs_alike")),
          (), ("v33", "v34"),
-         "a pair whose tiles differ is one tile per CTA: a persistent pair's rings advance together, so alike tiles"),
+         "a persistent pair's rings advance together: alike tiles only (no causal or window bound, an even count)"),
     _row("persistent", False, gt("head_dim", PERSISTENT_MAX_HEAD_DIM),
          (), "v7",
          "the tile loop spills at D=256 (O alone is 128 registers; codegen.spec.PERSISTENT_MAX_HEAD_DIM)"),

@@ -65,9 +65,9 @@ class KernelSpec:
     # PV. None: codegen.policy decides (measured: off at D=128 up to 2048 keys).
     tile_overlap: bool | None = None
     # Query tiles in pairs (a two-CTA cluster) that load each key block they both visit once: the pair's producers
-    # split its K and V copies, each multicast into both CTAs' rings. Fixed lengths, no left window, an even number
-    # of query tiles; persistent only where the tiles are alike (no causal or window bound: the pair's rings then
-    # advance together). None: codegen.policy decides.
+    # split its K and V copies, each multicast into both CTAs' rings. Fixed lengths, no left window (an odd last
+    # tile's cluster has an idle peer); persistent only where the tiles are alike (`pairs_alike_tiles`: the pair's
+    # rings then advance together). None: codegen.policy decides.
     multicast: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
@@ -147,13 +147,17 @@ class KernelSpec:
             return "multicast needs fixed lengths (a pair's tiles must both exist): not varlen"
         if self.window[0] >= 0:
             return "multicast needs the pair's key ranges to start together: no left window"
-        if self.persistent is True and (self.causal or self.window != (-1, -1)):
-            return ("a persistent pair needs alike tiles (no causal or window bound), whose rings advance together: "
-                    "pass persistent=False")
-        if -(-self.seq_len // self.block_m) % MULTICAST_CTAS:
-            return (f"multicast pairs query tiles: {self.seq_len} queries make an odd number of {self.block_m}-row "
-                    "tiles; pass multicast=False")
+        if self.persistent is True and not self.pairs_alike_tiles:
+            return ("a persistent pair needs alike tiles, whose rings advance together: no causal or window bound and "
+                    f"an even number of {self.block_m}-row query tiles; pass persistent=False")
         return None
+
+    @property
+    def pairs_alike_tiles(self) -> bool:
+        """Whether a multicast pair's tiles always do the same work (fixed lengths, no causal or window bound, an
+        even tile count: no tile lacks its peer), so that a persistent pair's rings advance together."""
+        return (not self.varlen and not self.causal and self.window == (-1, -1)
+                and -(-self.seq_len // self.block_m) % MULTICAST_CTAS == 0)
 
     @property
     def elem_bytes(self) -> int:

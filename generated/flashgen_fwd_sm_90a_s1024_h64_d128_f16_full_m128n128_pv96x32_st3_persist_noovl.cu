@@ -180,6 +180,14 @@ static __device__ __forceinline__ void copy_shared_to_global(u32 src, void* dst)
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
+static __device__ __forceinline__ u32 cluster_ctas() {
+  u32 n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+static __device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
 static __device__ __forceinline__ void cluster_meet() {
   asm volatile("barrier.cluster.arrive.relaxed;\n\tbarrier.cluster.wait;" ::: "memory");
 }
@@ -440,10 +448,10 @@ static __device__ __forceinline__ void visit_range(Tile& tile) {
   tile.n_shared = 0;
   if constexpr (cfg::kMulticast && !cfg::kPersistent) {
     // The peer's tile is m_block ^ 1 of the same sequence and head. With no left window both ranges start at
-    // key block 0, so the two share the shorter one.
+    // key block 0, so the two share the shorter one; past an odd last tile the peer has none and shares nothing.
     int peer_first, peer_n;
     kv_range(tile.m_block ^ 1, tile.len, peer_first, peer_n);
-    tile.n_shared = min(tile.n_kv, peer_n);
+    tile.n_shared = (tile.m_block ^ 1) * cfg::kBlockM < tile.len.seq_q ? min(tile.n_kv, peer_n) : 0;
   }
   if constexpr (cfg::kPersistent) {
     // Hide the (often constant) block count from the optimizer: unrolled short loops inside the tile loop
@@ -457,7 +465,8 @@ static __device__ __forceinline__ void visit_range(Tile& tile) {
 // The one tile of a CTA that is not persistent. Where the right bound moves with the query (causal), tiles
 // further down see more keys: CTAs are taken in dispatch order (x fastest) as sections of kSectionHeads
 // (sequence, head) pairs, each section's longest tiles first across its heads, so no head's long tiles start
-// just before the end. False: the grid covers the longest varlen sequence and this one is shorter.
+// just before the end. False: the grid covers the longest varlen sequence and this one is shorter, or the
+// multicast grid's idle CTA past an odd last tile (its peer loads everything alone).
 static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
   int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   if constexpr (cfg::kLongTilesLast) {  // CTAs in dispatch order (x fastest), longest first by sections
@@ -473,7 +482,7 @@ static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
     head = pair % gridDim.y, batch = pair / gridDim.y;
   }
   tile = make_tile(p, m_block, head, batch);
-  if (cfg::kVarlen && m_block * cfg::kBlockM >= tile.len.seq_q) return false;
+  if ((cfg::kVarlen || cfg::kMulticast) && m_block * cfg::kBlockM >= tile.len.seq_q) return false;
   visit_range(tile);
   return true;
 }
@@ -789,7 +798,6 @@ static __device__ __forceinline__ void store_tile(const Params& args, unsigned c
     if constexpr (cfg::kVarlen) named_barrier_sync(kEpilogueBarrier + th.consumer, 128);  // a partial tile is read by every thread's copy
     if (th.tid == 0) {
       tma_store_drain();
-      // Multicast: the slot is the pair's (a persistent pair's tiles are alike: every block is shared).
       if constexpr (cfg::kMulticast) {  // the K slot is the pair's (a persistent pair's tiles are alike: all shared)
         if (o_slot >= 0) release_slot<cfg::kWarpsPerConsumer>(bar(bars, kBarKEmpty + o_slot), true);
         else mbar_arrive_count(bar(bars, kBarQEmpty), cfg::kWarpsPerConsumer);
@@ -1142,8 +1150,9 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist_noovl(c
 
   if (threadIdx.x == 0) init_barriers(bars);
   // Multicast: the pair's producers write into each other's rings and signal each other's barriers, so both
-  // CTAs' barriers are initialized before either starts; and neither exits while the other may still arrive on
-  // its barriers (the consumers' releases of the last shared blocks).
+  // CTAs' barriers are initialized before either starts (a relaxed meeting: fence.mbarrier_init orders the init);
+  // and neither exits while the other may still arrive on its barriers (the consumers' releases of the last
+  // shared blocks): a release meeting, so that every remote arrival has landed before the peer leaves the wait.
   if constexpr (cfg::kMulticast) cluster_meet(); else __syncthreads();
 
   if (warpgroup == 0) {
@@ -1151,11 +1160,11 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv96x32_st3_persist_noovl(c
     if (tid == 0) producer(args, smem, bars);
     if constexpr (cfg::kMulticast) {
       __syncwarp();  // the producer's warp meets the cluster barrier converged
-      cluster_meet();
+      cluster_sync();
     }
     return;
   }
   regs_inc<240>();
   consumer(args, smem_raw, smem, bars, warpgroup - 1, tid);
-  if constexpr (cfg::kMulticast) cluster_meet();
+  if constexpr (cfg::kMulticast) cluster_sync();
 }

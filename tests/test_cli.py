@@ -424,7 +424,6 @@ def test_descriptor_constants_carry_their_decoded_fields():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--shape", "1100,8,128", "--multicast"], "odd number of 128-row tiles"),
     (["--shape", "1024,8,128", "--multicast", "--varlen"], "not varlen"),
     (["--shape", "1024,8,128", "--multicast", "--window", "64,0"], "no left window"),
     (["--shape", "1024,8,128", "--multicast", "--backward"], "--multicast"),

@@ -60,7 +60,9 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
            [KernelSpec(seq_len=4096, heads=16, head_dim=128, multicast=True, causal=c, softcap=20.0) for c in (False, True)] + \
            [KernelSpec(seq_len=2048, heads=8, head_dim=d, multicast=True, persistent=pe, tile_overlap=ov, sinks=True,
                        seq_len_k=3000, kv_heads=8 // g, dtype="bf16")
-            for d, pe, ov, g in ((64, True, False, 8), (96, False, None, 1), (128, True, False, 4), (128, False, None, 8))]
+            for d, pe, ov, g in ((64, True, False, 8), (96, False, None, 1), (128, True, False, 4), (128, False, None, 8))] + \
+           [KernelSpec(seq_len=1100, heads=8, head_dim=d, multicast=True, causal=c, dtype="bf16")
+            for d, c in ((64, False), (128, True))]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -476,10 +478,16 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     plain = make_plan(resolve(spec.replace(multicast=False)))
     assert plain.abi.grid.cluster_dims is None and "desc + (tile >> 4)" in render(plain).source
     assert {b.name: b.arrivals for b in plain.abi.barriers.barriers}["KEmpty"] == 8
-    with pytest.raises(SpecError, match="odd number of 128-row tiles"):
-        resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True))
+    # An odd tile count: the last cluster's second CTA has no tile and idles (the grid rounds up); its tiles differ
+    # from their peers', so the pair is not persistent.
+    odd = resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True))
+    assert not odd.persistent and make_plan(odd).grid(3) == (10, 16, 3)
+    assert make_plan(odd).abi.grid.describe("9", "batch")["x"] == "9 rounded up to a multiple of 2"
+    assert "(cfg::kVarlen || cfg::kMulticast) && m_block * cfg::kBlockM >= tile.len.seq_q" in render(make_plan(odd)).source
+    with pytest.raises(SpecError, match="an even number of 128-row query tiles"):
+        resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True, persistent=True))
     # The policy never pairs what cannot pair.
-    assert not resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128)).multicast
+    assert not resolve(KernelSpec(seq_len=1024, heads=16, head_dim=128, window=(64, 0))).multicast
 
 
 def test_persistent_pairs_take_alike_tiles_at_a_fixed_stride():
@@ -503,7 +511,9 @@ def test_persistent_pairs_take_alike_tiles_at_a_fixed_stride():
     source = render(plan).source
     # The K slot that staged a tile's O is released on both CTAs (the model: test_protocol_sm90's races).
     assert "release_slot<cfg::kWarpsPerConsumer>(bar(bars, kBarKEmpty + o_slot), true)" in source
-    assert "persistent: one CTA per SM taking 128-row query tiles at a fixed stride" in source
+    assert "as many two-CTA clusters as the GPU holds at once, taking 128-row query tiles at a fixed stride" in source
+    # The exit meeting releases: every remote arrival has landed before the peer leaves it (the init one is relaxed).
+    assert source.count("cluster_sync();") == 2 and "barrier.cluster.arrive.release;" in source
     # Causal or windowed tiles differ: a pair of them stays one tile per CTA.
     assert not resolve(KernelSpec(seq_len=1024, heads=32, head_dim=128, causal=True, multicast=True)).persistent
 

@@ -355,6 +355,9 @@ def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persisten
     (512, 512, 256, True, 16, None, 0.0),
     (768, 768, 96, True, 8, None, 0.0),
     (512, 700, 192, False, 16, None, 0.0),
+    (1100, 1100, 128, True, 4, None, 0.0),      # 9 tiles: the last cluster's second CTA idles
+    (1100, 1500, 64, False, 16, None, 0.0),
+    (300, 300, 96, True, 8, None, 0.0),         # 3 tiles
 ])
 def test_multicast(seq_q, seq_k, head_dim, causal, kv_heads, window, softcap):
     run_coverage(2, seq_q, seq_k, 16, kv_heads, head_dim, causal=causal, window=window, softcap=softcap,
@@ -404,9 +407,10 @@ def test_multicast_launches_clusters_of_two():
     call = prepare(q, q, q, causal=True, multicast=True)
     assert call.spec.multicast and not call.spec.persistent
     assert call.grid == (8, 4, 1) and call.built.plan.abi.grid.cluster_dims == (2, 1, 1)
-    odd = torch.randn(1, 1100, 4, 128, device="cuda", dtype=torch.bfloat16)  # 9 query tiles
-    with pytest.raises(InputError, match="odd number"):
-        prepare(odd, odd, odd, multicast=True)
+    odd = torch.randn(1, 1100, 4, 128, device="cuda", dtype=torch.bfloat16)  # 9 query tiles, 5 clusters
+    assert prepare(odd, odd, odd, multicast=True).grid == (10, 4, 1)
+    with pytest.raises(InputError, match="an even number of 128-row query tiles"):
+        prepare(odd, odd, odd, multicast=True, persistent=True)
 
 
 def test_persistent_grid_is_one_cta_per_sm():

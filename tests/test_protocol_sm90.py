@@ -107,7 +107,8 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
     assert waited("consumer", "consumer_tiles", "store_tile") == modelled("consumer0")
 
 
-PAIRS = [(0, 0), (1, 1), (1, 2), (3, 3), (3, 4), (5, 6), (2, 4), (0, 1)]
+# (n_kv of tile 2c, of tile 2c + 1); None: an odd last tile's cluster, whose CTA 1 has no tile and stays idle.
+PAIRS = [(0, 0), (1, 1), (1, 2), (3, 3), (3, 4), (5, 6), (2, 4), (0, 1), (0, None), (3, None), (5, None)]
 
 
 @pytest.mark.parametrize("stages", (2, 3, 4))
@@ -115,12 +116,12 @@ PAIRS = [(0, 0), (1, 1), (1, 2), (3, 3), (3, 4), (5, 6), (2, 4), (0, 1)]
 def test_multicast_pair(stages, model):
     """check_pair marks its copies (engine "tma") and passes its own async_completions, over the fixture's."""
     for n0, n1 in PAIRS:
-        protocol.check_pair(stages, n0, n1, async_completions=model == "async", schedules=15, seed=n0 + n1)
+        protocol.check_pair(stages, n0, n1, async_completions=model == "async", schedules=15, seed=n0)
 
 
 def test_multicast_pair_without_pingpong():
     for n0, n1 in PAIRS:
-        protocol.check_pair(2, n0, n1, pingpong=False, schedules=15, seed=n0 + n1)
+        protocol.check_pair(2, n0, n1, pingpong=False, schedules=15, seed=n0)
 
 
 def _mutated(monkeypatch, change):

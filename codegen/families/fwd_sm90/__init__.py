@@ -44,8 +44,10 @@ def _structure(plan: Plan) -> str:
     s = plan.spec
     if not s.persistent:
         return f"one CTA per {s.block_m}-row query tile"
-    source = "at a fixed stride (the pair's two at once)" if s.multicast else "from a counter"
-    return f"persistent: one CTA per SM taking {s.block_m}-row query tiles {source}"
+    if s.multicast:
+        return (f"persistent: as many two-CTA clusters as the GPU holds at once, taking {s.block_m}-row query tiles "
+                "at a fixed stride, the pair's two at once")
+    return f"persistent: one CTA per SM taking {s.block_m}-row query tiles from a counter"
 
 
 def _tiles_summary(plan: Plan) -> str:
@@ -63,7 +65,7 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
     """The kernel's code paths, as cfg::k<Name> constants (the template branches on them with if constexpr)."""
     s = plan.spec
     return [
-        ("Persistent", bool(s.persistent)),  # one CTA per SM taking tiles (from a counter; multicast: a fixed stride)
+        ("Persistent", bool(s.persistent)),  # CTAs loop over tiles (from a counter; multicast pairs: a fixed stride)
         ("Varlen", s.varlen),                # lengths from cu_seqlens at run time
         ("Pingpong", s.pingpong),            # the consumers take turns issuing their MMAs
         ("TileOverlap", plan.tile_overlap),  # a tile's O stored under the next tile's first QK

@@ -230,19 +230,21 @@ def pair_programs(stages: int, tiles0, tiles1, *, persistent: bool = False, over
                   pingpong: bool = True) -> dict:
     """Both CTAs' roles ("cta0.producer", ...): each CTA's program (`programs`, the code the kernel's pair shares
     with a lone CTA) with its steps rewritten for the pair, between the two cluster barriers. One tile per CTA
-    (tiles0 and tiles1 its key blocks), or persistent: both CTAs' tile lists, alike (a persistent pair's rings
-    advance together; every block is shared)."""
-    tiles = ([tiles0] if isinstance(tiles0, int) else list(tiles0), [tiles1] if isinstance(tiles1, int) else list(tiles1))
+    (tiles0 and tiles1 its key blocks; tiles1 None: CTA 1 is the idle one past an odd last tile, which only meets
+    the cluster barriers, and CTA 0 shares nothing), or persistent: both CTAs' tile lists, alike (a persistent
+    pair's rings advance together; every block is shared)."""
+    tiles = [None if t is None else [t] if isinstance(t, int) else list(t) for t in (tiles0, tiles1)]
     if persistent:
         assert tiles[0] == tiles[1], "a persistent pair's tiles are alike"
     else:
-        assert len(tiles[0]) == len(tiles[1]) == 1, "one tile per CTA"
-    n_shared = sum(tiles[0]) if persistent else min(tiles[0][0], tiles[1][0])
+        assert len(tiles[0]) == 1 and (tiles[1] is None or len(tiles[1]) == 1), "one tile per CTA"
+    n_shared = (sum(tiles[0]) if persistent else 0 if tiles[1] is None else min(tiles[0][0], tiles[1][0]))
     starts = [sum(tiles[0][:t]) for t in range(len(tiles[0]))]
     pair = {}
     for r in range(CTAS):
         peer = 1 - r
-        own = programs(stages, tiles[r], persistent=persistent, overlap=overlap, pingpong=pingpong)
+        own = (programs(stages, tiles[r], persistent=persistent, overlap=overlap, pingpong=pingpong)
+               if tiles[r] is not None else {role: [] for role in ("producer", "consumer0", "consumer1")})
         for role, steps in own.items():
             out = [use(f"cta{r} init")] if role == "producer" else []
             out += [arrive("ClusterInit"), wait("ClusterInit", 0)]
@@ -334,9 +336,10 @@ def _apply_cta_use(state: _PairState, r: int, what: str, by: str) -> None:
 
 def check_pair(stages: int, tiles0, tiles1, *, persistent: bool = False, overlap: bool = False, pingpong: bool = True,
                async_completions=True, schedules: int = 100, seed: int = 0) -> None:
-    """A multicast pair whose tiles visit tiles0 and tiles1 key blocks (persistent: lists of alike tiles), by default
-    with the copies (and Q's loads) landing in any order after their issue: they are marked engine="tma"."""
-    lists = [[t] if isinstance(t, int) else list(t) for t in (tiles0, tiles1)]
+    """A multicast pair whose tiles visit tiles0 and tiles1 key blocks (persistent: lists of alike tiles; tiles1
+    None: an idle CTA 1), by default with the copies (and Q's loads) landing in any order after their issue: they
+    are marked engine="tma"."""
+    lists = [[0] if t is None else [t] if isinstance(t, int) else list(t) for t in (tiles0, tiles1)]
     run(lambda: pair_programs(stages, tiles0, tiles1, persistent=persistent, overlap=overlap, pingpong=pingpong),
         lambda name: PAIR_ARRIVALS[name.split(".")[-1].split("[")[0]],
         lambda: _PairState([_State(stages, lists[0]), _State(stages, lists[1])]), _apply_pair_use,
