@@ -168,9 +168,12 @@ def main() -> int:
         print("\n".join(lines), flush=True)
 
     if not args.skip_export:
-        # The seed's bundle (batch 2), a varlen bundle (causal, grouped-query, 4 packed sequences), and a decode
-        # bundle (paged, 4 new tokens appended, 3 sequences in 3 splits), and one gathering 4-row pages by cp.async.
+        # The seed's bundle (batch 2), a multicast one (persistent pairs: a cluster launch sized by the occupancy
+        # query), a varlen bundle (causal, grouped-query, 4 packed sequences), and a decode bundle (paged, 4 new
+        # tokens appended, 3 sequences in 3 splits), and one gathering 4-row pages by cp.async.
         for label, spec_args, run_arg in (("export example", ["--shape", "1024,64,128"], "2"),
+                                          ("export multicast", ["--shape", "2048,16,128", "--multicast", "--dtype",
+                                                                "bf16"], "2"),
                                           ("export varlen", ["--shape", "2048,16,128", "--varlen", "--causal",
                                                              "--kv-heads", "4", "--dtype", "bf16"], "4"),
                                           ("export decode", ["--shape", "1280,32,128", "--kv-heads", "8", "--decode",
