@@ -498,7 +498,8 @@ struct TileFetcher {
   int idx, fetched, total;  // total: the counter's only (see end)
   __device__ __forceinline__ static TileFetcher first(const Params& p) {
     if constexpr (cfg::kMulticast) return TileFetcher{static_cast<int>(blockIdx.x), 0, 0};
-    else return TileFetcher{static_cast<int>(blockIdx.x), atomicAdd(p.tile_counter, 1), p.tiles_m * cfg::kHeads * p.batches};
+    else return TileFetcher{static_cast<int>(blockIdx.x), atomicAdd(p.tile_counter, 1),
+                            p.tiles_m * cfg::kHeads * p.batches};
   }
   // The number of tiles. Multicast: computed where it is used, from parameters hidden from the optimizer there
   // (as the stride in upcoming): held across the tile loop, either spilled in the 24-register producer (D=64).
