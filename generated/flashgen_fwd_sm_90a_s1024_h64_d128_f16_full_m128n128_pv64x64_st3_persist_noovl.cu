@@ -180,14 +180,6 @@ static __device__ __forceinline__ void copy_shared_to_global(u32 src, void* dst)
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                :: "l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
-static __device__ __forceinline__ u32 cluster_ctas() {
-  u32 n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-static __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
 static __device__ __forceinline__ void cluster_meet() {
   asm volatile("barrier.cluster.arrive.relaxed;\n\tbarrier.cluster.wait;" ::: "memory");
 }
@@ -536,12 +528,14 @@ struct TileFetcher {
 // Runs body(tile, ring, done, fetcher) for each of the producer's tiles. A persistent CTA hands each tile to the
 // consumers through a shared-memory slot published with the tile's Q (QFull); an index past the end, with a
 // plain arrival instead of a Q, ends their loop. `ring`: K/V blocks this CTA went through before the tile,
-// `done`: tiles before it (the Q barriers' phase).
+// `done`: tiles before it (the Q barriers' phase). Returns the K/V blocks of all its tiles.
 template <class Body>
-static __device__ __forceinline__ void producer_tiles(const Params& p, u32 bars, Body&& body) {
+static __device__ __forceinline__ int producer_tiles(const Params& p, u32 bars, Body&& body) {
   if constexpr (!cfg::kPersistent) {
     Tile tile;
-    if (grid_tile(p, tile)) body(tile, 0, 0, TileFetcher{0, 0, 0});
+    if (!grid_tile(p, tile)) return 0;
+    body(tile, 0, 0, TileFetcher{0, 0, 0});
+    return tile.n_kv;
   } else {
     int ring = 0, done = 0;
     TileFetcher f = TileFetcher::first(p);
@@ -567,6 +561,7 @@ static __device__ __forceinline__ void producer_tiles(const Params& p, u32 bars,
       ++done;
       f.next(p);
     }
+    return ring;
   }
 }
 
@@ -892,10 +887,20 @@ static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot,
 
 template <bool B> struct Bool { static constexpr bool value = B; };
 
+// Multicast: the peer's consumers release shared slots on this CTA's empty barriers too, so the CTA stays until
+// the last release of each slot its ring used has arrived (as CUTLASS's producer tail): none lands after it exits,
+// and no cluster barrier (whose release would fence every thread) is needed at the end. `blocks`: the ring's uses.
+static __device__ __forceinline__ void wait_last_releases(u32 bars, int blocks) {
+  for (int g = max(blocks, cfg::kStages); g < blocks + cfg::kStages; ++g) {  // as if loading ring position g
+    mbar_wait_parked(bar(bars, kBarKEmpty + g % cfg::kStages), ((g / cfg::kStages) & 1) ^ 1);
+    mbar_wait_parked(bar(bars, kBarVEmpty + g % cfg::kStages), ((g / cfg::kStages) & 1) ^ 1);
+  }
+}
+
 // The producer thread: for each tile, Q and the tile's key blocks in the order the consumers need them and
 // their buffers free up.
 static __device__ __forceinline__ void producer(const Params& args, u32 smem, u32 bars) {
-  producer_tiles(args, bars, [&](const Tile& tile, int ring, int done, const TileFetcher& f) {
+  const int blocks = producer_tiles(args, bars, [&](const Tile& tile, int ring, int done, const TileFetcher& f) {
     const int n_kv = tile.n_kv;
     auto load_q = [&]() {
       mbar_expect_tx(bar(bars, kBarQFull), 2 * cfg::kQBytes);
@@ -975,6 +980,7 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
       }
     }
   });
+  if constexpr (cfg::kMulticast) wait_last_releases(bars, blocks);
 }
 
 // A consumer warpgroup: for each tile, S = Q K^T, softmax and O += P V over its key blocks, then the epilogue.
@@ -1153,21 +1159,15 @@ flashgen_fwd_sm_90a_s1024_h64_d128_f16_full_m128n128_pv64x64_st3_persist_noovl(c
 
   if (threadIdx.x == 0) init_barriers(bars);
   // Multicast: the pair's producers write into each other's rings and signal each other's barriers, so both
-  // CTAs' barriers are initialized before either starts (a relaxed meeting: fence.mbarrier_init orders the init);
-  // and neither exits while the other may still arrive on its barriers (the consumers' releases of the last
-  // shared blocks): a release meeting, so that every remote arrival has landed before the peer leaves the wait.
+  // CTAs' barriers are initialized before either starts (a relaxed meeting: fence.mbarrier_init orders the init).
+  // At the end each producer waits for the last releases on its own barriers (wait_last_releases).
   if constexpr (cfg::kMulticast) cluster_meet(); else __syncthreads();
 
   if (warpgroup == 0) {
     regs_dec<24>();
     if (tid == 0) producer(args, smem, bars);
-    if constexpr (cfg::kMulticast) {
-      __syncwarp();  // the producer's warp meets the cluster barrier converged
-      cluster_sync();
-    }
     return;
   }
   regs_inc<240>();
   consumer(args, smem_raw, smem, bars, warpgroup - 1, tid);
-  if constexpr (cfg::kMulticast) cluster_sync();
 }

@@ -4,7 +4,7 @@ tiles without keys; every dropped wait or release is caught; the model waits on 
 producer's arrivals are TMA loads' completions, checked as landing in any order after their issue
 (codegen/protocol.py's async_completions); the immediate model runs as well. A multicast pair (two CTAs sharing
 their key blocks' copies) passes over alike and unequal tiles, and a wrong arrival count, a single release of a
-block only one CTA visits, a missing remote release or cluster barrier is caught."""
+block only one CTA visits, a missing remote release, cluster barrier or producer tail is caught."""
 
 from __future__ import annotations
 
@@ -145,23 +145,23 @@ def test_empty_barriers_counting_one_cta_race(monkeypatch, model):
 @pytest.mark.parametrize("model", ("async", "immediate"))
 def test_single_release_of_unshared_block_deadlocks(monkeypatch, model):
     """A block only CTA 1 visits released once per warp fills half its empty barrier: the producer's load of the
-    block `stages` later into that slot waits forever (blocks 1 and 2 of CTA 1 here; with n1 - n0 = stages no
-    load follows an unshared block into its slot, and the check passes)."""
+    block `stages` later into that slot, or where none follows its tail, waits forever (blocks 1 and 2 of CTA 1)."""
     def single(role, steps):
         return [Step(s.kind, s.barrier, s.phase, s.use, protocol.WARPS) if s.kind == "arrive"
                 and s.count == 2 * protocol.WARPS else s for s in steps]
 
     _mutated(monkeypatch, single)
     async_ = model == "async"
-    protocol.check_pair(2, 1, 3, async_completions=async_, schedules=30)
-    with pytest.raises(ProtocolError, match=r"deadlock .*cta1\.producer at wait cta1\.KEmpty\[1\] 0"):
-        protocol.check_pair(2, 1, 4, async_completions=async_, schedules=30)
+    for n1 in (3, 4):  # the tail's wait for block 1's release, or block 3's load into its slot
+        with pytest.raises(ProtocolError, match=r"deadlock .*cta1\.producer at wait cta1\.KEmpty\[1\] 0"):
+            protocol.check_pair(2, 1, n1, async_completions=async_, schedules=30)
 
 
 @pytest.mark.parametrize("model", ("async", "immediate"))
 def test_missing_remote_release_deadlocks(monkeypatch, model):
     """Without the consumers' arrivals on the peer's empty barrier, a shared slot's barrier fills only half: the
-    first load that comes back to it (K block 2 into slot 0 of both CTAs) waits forever."""
+    first load that comes back to it (K block 2 into slot 0 of both CTAs), or where none does the producer's tail,
+    waits forever."""
     def local(role, steps):
         cta = role.split(".")[0]
         return [s for s in steps if not (s.kind == "arrive" and not s.engine and s.barrier.startswith("cta")
@@ -169,22 +169,32 @@ def test_missing_remote_release_deadlocks(monkeypatch, model):
 
     _mutated(monkeypatch, local)
     async_ = model == "async"
-    protocol.check_pair(2, 1, 1, async_completions=async_, schedules=30)  # no slot is used twice
-    with pytest.raises(ProtocolError, match=r"deadlock .*cta0\.producer at wait cta0\.KEmpty\[0\] 0; .*"
-                                            r"cta1\.producer at wait cta1\.KEmpty\[0\] 0"):
-        protocol.check_pair(2, 3, 3, async_completions=async_, schedules=30)
+    for n in (1, 3):  # the tails' waits, or K block 2's loads
+        with pytest.raises(ProtocolError, match=r"deadlock .*cta0\.producer at wait cta0\.KEmpty\[0\] 0; .*"
+                                                r"cta1\.producer at wait cta1\.KEmpty\[0\] 0"):
+            protocol.check_pair(2, n, n, async_completions=async_, schedules=30)
 
 
-@pytest.mark.parametrize("barrier, message", [
-    ("ClusterExit", "a remote arrival reaches CTA . after it exited"),
-    ("ClusterInit", "a . copy reaches CTA . before it initialized its barriers"),
-])
-def test_missing_cluster_barrier_is_caught(monkeypatch, barrier, message):
-    """Without the exit barrier a CTA can exit while its peer's consumers still release shared slots on it;
-    without the init barrier a peer's copy can land on a barrier not yet initialized."""
-    _mutated(monkeypatch, lambda role, steps: [s for s in steps if s.barrier != barrier])
-    with pytest.raises(ProtocolError, match=message):
+def test_missing_cluster_barrier_is_caught(monkeypatch):
+    """Without the barrier after the init a peer's copy can land on a barrier not yet initialized."""
+    _mutated(monkeypatch, lambda role, steps: [s for s in steps if s.barrier != "ClusterInit"])
+    with pytest.raises(ProtocolError, match="a . copy reaches CTA . before it initialized its barriers"):
         protocol.check_pair(2, 1, 1, schedules=30)
+
+
+@pytest.mark.parametrize("tiles, persistent", [(3, False), ([2, 2], True)])
+def test_missing_producer_tail_is_caught(monkeypatch, tiles, persistent):
+    """Without the producer's tail a CTA can exit while its peer's consumers still release shared slots on it."""
+    def untailed(role, steps):
+        exit_at = len(steps) - 1
+        body = [s for i, s in enumerate(steps[:exit_at]) if not (role.endswith("producer") and s.kind == "wait"
+                and "Empty" in s.barrier and i > max(j for j, t in enumerate(steps) if t.kind == "arrive"))]
+        return body + steps[exit_at:]
+
+    protocol.check_pair(2, tiles, tiles, persistent=persistent, schedules=30)
+    _mutated(monkeypatch, untailed)
+    with pytest.raises(ProtocolError, match="a remote arrival reaches CTA . after it exited"):
+        protocol.check_pair(2, tiles, tiles, persistent=persistent, schedules=30)
 
 
 PERSISTENT_PAIRS = [[1], [2, 2], [1, 1, 1], [3, 3, 3], [4, 4]]

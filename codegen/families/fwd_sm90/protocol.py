@@ -23,7 +23,8 @@ multicast into both CTAs' slot (K from rank 0's, V from rank 1's); an empty barr
 warps, so such a block is released on the own CTA's barrier and on the peer's (a remote arrival), and a block
 only one CTA visits by a double arrival on its own. The buffer rules are the one-tile rules per CTA, a multicast
 copy being a write into both CTAs' slot (both CTAs' consumers must have read its previous block); and a remote
-arrival or a copy may reach a CTA only between its barrier init and its exit (the two cluster barriers).
+arrival or a copy may reach a CTA only between its barrier init (the cluster barrier before any role starts) and
+its exit, which its producer delays until the last release of every slot its ring used (the producer tail).
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ ARRIVALS = {"QFull": 1, "KFull": 1, "VFull": 1, "KEmpty": CONSUMERS * WARPS, "VE
 
 # multicast: the CTAs of a pair, their roles (a producer, the consumers) and every arrival count. A full barrier
 # counts the producer's arrive.expect_tx and the copy's bytes (complete_tx), in either order (the peer's
-# multicast may land first); Q stays one arrival for both, as above. The cluster barriers count every role.
+# multicast may land first); Q stays one arrival for both, as above. The cluster barrier counts every role.
 CTAS = 2
 ROLES = 1 + CONSUMERS
 PAIR_ARRIVALS = {"QFull": 1, "KFull": 2, "VFull": 2, "KEmpty": CTAS * CONSUMERS * WARPS,
-                 "VEmpty": CTAS * CONSUMERS * WARPS, "QEmpty": CONSUMERS * WARPS, "ClusterInit": CTAS * ROLES,
-                 "ClusterExit": CTAS * ROLES}
+                 "VEmpty": CTAS * CONSUMERS * WARPS, "QEmpty": CONSUMERS * WARPS, "ClusterInit": CTAS * ROLES}
 ISSUER = {"K": 0, "V": 1}  # the rank whose producer copies a shared block's operand into both CTAs
 
 __all__ = ["ProtocolError", "check", "check_pair", "pair_programs", "programs"]
@@ -229,7 +229,8 @@ def check(stages: int, tiles, *, persistent: bool, overlap: bool, pingpong: bool
 def pair_programs(stages: int, tiles0, tiles1, *, persistent: bool = False, overlap: bool = False,
                   pingpong: bool = True) -> dict:
     """Both CTAs' roles ("cta0.producer", ...): each CTA's program (`programs`, the code the kernel's pair shares
-    with a lone CTA) with its steps rewritten for the pair, between the two cluster barriers. One tile per CTA
+    with a lone CTA) with its steps rewritten for the pair, after the cluster barrier, the producer ending with
+    its tail (the last release of each slot its ring used: `wait_last_releases`). One tile per CTA
     (tiles0 and tiles1 its key blocks; tiles1 None: CTA 1 is the idle one past an odd last tile, which only meets
     the cluster barriers, and CTA 0 shares nothing), or persistent: both CTAs' tile lists, alike (a persistent
     pair's rings advance together; every block is shared)."""
@@ -278,9 +279,18 @@ def pair_programs(stages: int, tiles0, tiles1, *, persistent: bool = False, over
                     else:
                         out.append(arrive(name, 2 * s.count))
                     block = None
-            out += [arrive("ClusterExit"), wait("ClusterExit", 0), use(f"cta{r} exit")]
+            if role == "producer":
+                out += _producer_tail(r, stages, sum(tiles[r] or ()))
+            out.append(use(f"cta{r} exit"))
             pair[f"cta{r}.{role}"] = out
     return pair
+
+
+def _producer_tail(r: int, stages: int, blocks: int) -> list:
+    """CTA r's producer waiting, as if to load ring positions blocks .. blocks + stages - 1, for the last release
+    of each K and V slot its ring used (the kernel's wait_last_releases)."""
+    return [wait(f"cta{r}.{op}Empty[{g % stages}]", g // stages - 1)
+            for g in range(max(blocks, stages), blocks + stages) for op in ("K", "V")]
 
 
 def _pair_load(r: int, write: str, n_shared: int) -> list:
