@@ -232,7 +232,7 @@ def pair_programs(stages: int, tiles0, tiles1, *, persistent: bool = False, over
     with a lone CTA) with its steps rewritten for the pair, after the cluster barrier, the producer ending with
     its tail (the last release of each slot its ring used: `wait_last_releases`). One tile per CTA
     (tiles0 and tiles1 its key blocks; tiles1 None: CTA 1 is the idle one past an odd last tile, which only meets
-    the cluster barriers, and CTA 0 shares nothing), or persistent: both CTAs' tile lists, alike (a persistent
+    the cluster barrier, and CTA 0 shares nothing), or persistent: both CTAs' tile lists, alike (a persistent
     pair's rings advance together; every block is shared)."""
     tiles = [None if t is None else [t] if isinstance(t, int) else list(t) for t in (tiles0, tiles1)]
     if persistent:
