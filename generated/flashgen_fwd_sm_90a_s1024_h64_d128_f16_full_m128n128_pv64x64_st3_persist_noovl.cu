@@ -871,7 +871,7 @@ static __device__ __forceinline__ void release_after_qk(u32 bars, int lane, int 
                                                         u32 zero = 0) {
   __syncwarp();
   if (lane == 0) {
-    if constexpr (cfg::kMulticast && cfg::kPersistent) {
+    if constexpr (cfg::kMulticast && cfg::kPersistent) {  // Q stays local (one branch for all reschedules plain kernels)
       if (is_last) mbar_arrive(bar(bars, kBarQEmpty) + zero);
       else release_slot(bar(bars, kBarKEmpty + k_slot) + zero, shared);
     } else {
