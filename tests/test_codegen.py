@@ -483,7 +483,10 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
     odd = resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True))
     assert not odd.persistent and make_plan(odd).grid(3) == (10, 16, 3)
     assert make_plan(odd).abi.grid.describe("9", "batch")["x"] == "9 rounded up to a multiple of 2"
-    assert "(cfg::kVarlen || cfg::kMulticast) && m_block * cfg::kBlockM >= tile.len.seq_q" in render(make_plan(odd)).source
+    odd_source = render(make_plan(odd)).source
+    assert "(cfg::kVarlen || cfg::kMulticast) && m_block * cfg::kBlockM >= tile.len.seq_q" in odd_source
+    # ... and its peer shares nothing (sharing with it deadlocks: the model's check_pair(stages, n, None)).
+    assert "(tile.m_block ^ 1) * cfg::kBlockM < tile.len.seq_q ? min(tile.n_kv, peer_n) : 0" in odd_source
     with pytest.raises(SpecError, match="an even number of 128-row query tiles"):
         resolve(KernelSpec(seq_len=1100, heads=16, head_dim=128, multicast=True, persistent=True))
     # The policy never pairs what cannot pair.
