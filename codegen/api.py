@@ -196,13 +196,9 @@ class PreparedAttention:
         self.offsets = offsets  # varlen: (cu_seqlens_q, cu_seqlens_k), read by address at every launch
         self.sinks = sinks  # the (H,) logits, read by address at every launch
         self.tile_counter = tile_counter  # persistent: the device int the CTAs take tiles from
-        cluster = built.plan.abi.grid.cluster_dims
-        if cluster:
-            from .launcher import ConfiguredLaunch
+        from .launcher import kernel_launch
 
-            self._clustered = ConfiguredLaunch(kernel, grid, built.plan.threads, cluster)
-        else:
-            self._clustered = None
+        self._launch = kernel_launch(kernel, grid, built.plan.threads, built.plan.abi.grid.cluster_dims)
 
     @property
     def spec(self) -> KernelSpec:
@@ -211,13 +207,7 @@ class PreparedAttention:
     def __call__(self):
         import torch
 
-        from . import driver
-
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        if self._clustered is not None:
-            self._clustered(stream, self.args)
-        else:
-            driver.launch(self.kernel, self.grid, self.built.plan.threads, stream, self.args)
+        self._launch(torch.cuda.current_stream(self.device).cuda_stream, self.args)
         return self.o
 
 

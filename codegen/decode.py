@@ -161,14 +161,13 @@ class DecodeLauncher:
         plan = built.plan
         self.plan, self.map_params, self.batch, self.splits = plan, map_params, batch, splits
         self.grid = plan.grid(batch, splits)
-        from .launcher import ConfiguredLaunch, TensorMapCache
+        from .launcher import TensorMapCache, kernel_launch
 
         self.cluster = plan.cluster_dims(splits)  # a tile's splits as one cluster, started together
         # Programmatic dependent launch (the kernels griddepcontrol.wait before any input read), but not for a cluster
         # launch: back to back, B=1 x 32k with 8 clustered splits took 52 us a call with it, 40 without (bench/LOG.md d14).
         self.overlap = overlap and self.cluster is None
-        self._launch = (ConfiguredLaunch(kernel, self.grid, plan.threads, self.cluster, self.overlap)
-                        if self.cluster or self.overlap else None)
+        self._launch = kernel_launch(kernel, self.grid, plan.threads, self.cluster, self.overlap)
         values = {p.name: 0 for p in plan.abi.params}
         values.update(tmap_k=bytes(driver.TENSOR_MAP_BYTES), tmap_v=bytes(driver.TENSOR_MAP_BYTES), splits=splits,
                       scale_log2=float(scale * LOG2E))
@@ -179,17 +178,13 @@ class DecodeLauncher:
         self._maps = {op: TensorMapCache(params, MAPS_PER_CACHE) for op, params in map_params.items()}
         self._loaded = {"k": None, "v": None}
         # What every call of this launcher shares (the call's key fixes them), looked up once.
-        self._threads, self._gathered = plan.threads, plan.spec.gather
+        self._gathered = plan.spec.gather
         self._elem_bytes = plan.spec.elem_bytes
-        self._append_grid, self._append_threads = plan.append_grid(batch), plan.append_threads
-        self._append_launch = (ConfiguredLaunch(append_kernel, self._append_grid, self._append_threads, None, True)
-                               if self.overlap else None)
+        self._append_launch = kernel_launch(append_kernel, plan.append_grid(batch), plan.append_threads, None,
+                                            self.overlap)
         self._strides_set = False
         self._workspace: dict[int, tuple] = {}  # stream -> (addresses, the tensors at them)
         self._lock = threading.Lock()
-        from .launcher import launch_now
-
-        self._launch_now = launch_now
         # What a call writes, in the order __call__ lists the values; written only where they changed since the
         # launcher's last call (a decode loop hands the same addresses back), as are o's strides.
         h = self._holder
@@ -245,15 +240,8 @@ class DecodeLauncher:
                 a["k_new_gmem"].value, a["v_new_gmem"].value = k_new.data_ptr(), v_new.data_ptr()
                 a["k_cache_gmem"].value, a["v_cache_gmem"].value = k_cache.data_ptr(), v_cache.data_ptr()
                 a["cache_seqlens"].value, a["page_table"].value = values[3], pages
-                if self._append_launch is not None:
-                    self._append_launch(stream, self._append_args)
-                else:
-                    self._launch_now(self.append_kernel, self._append_grid, self._append_threads, stream,
-                                     self._append_args)
-            if self._launch is not None:
-                self._launch(stream, self._args)
-            else:
-                self._launch_now(self.kernel, self.grid, self._threads, stream, self._args)
+                self._append_launch(stream, self._append_args)
+            self._launch(stream, self._args)
 
     def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
         """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""

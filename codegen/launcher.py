@@ -127,8 +127,7 @@ class Launcher:
         self.built, self.kernel, self.grid, self.device = built, kernel, grid, device
         plan = built.plan
         self.block, self.smem = plan.threads, plan.smem.total
-        cluster = plan.abi.grid.cluster_dims
-        self._clustered = ConfiguredLaunch(kernel, grid, self.block, cluster) if cluster else None
+        self._launch = kernel_launch(kernel, grid, self.block, plan.abi.grid.cluster_dims)
         self.map_params = map_params
         self._maps = {op: TensorMapCache(params, MAPS_PER_OPERAND) for op, params in map_params.items()}
         values = dict(fixed)
@@ -163,10 +162,7 @@ class Launcher:
                 self._sinks.value = sinks
             if self._counter is not None:
                 self._counter.value = counter
-            if self._clustered is not None:
-                self._clustered(stream, self._args)
-            else:
-                launch_now(self.kernel, self.grid, self.block, stream, self._args)
+            self._launch(stream, self._args)
 
 
 def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args) -> None:
@@ -182,6 +178,25 @@ def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args
         from cuda.bindings import driver as cu
 
         driver.check((cu.CUresult(err),), "cuLaunchKernel")
+
+
+def kernel_launch(kernel, grid: tuple[int, int, int], block: int, cluster: tuple[int, int, int] | None = None,
+                  overlap: bool = False):
+    """A loaded kernel's launch, chosen once: `launch(stream, args)`. Clusters and programmatic dependent launch
+    need cuLaunchKernelEx's configuration (ConfiguredLaunch); every other launch is a plain cuLaunchKernel."""
+    if cluster or overlap:
+        return ConfiguredLaunch(kernel, grid, block, cluster or None, overlap)
+    return PlainLaunch(kernel, grid, block)
+
+
+class PlainLaunch:
+    """A loaded kernel's cuLaunchKernel with its grid and block fixed; a launch passes the stream and arguments."""
+
+    def __init__(self, kernel, grid: tuple[int, int, int], block: int):
+        self.kernel, self.grid, self.block = kernel, grid, block
+
+    def __call__(self, stream: int, args) -> None:
+        launch_now(self.kernel, self.grid, self.block, stream, args)
 
 
 class ConfiguredLaunch:

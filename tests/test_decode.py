@@ -3,6 +3,7 @@ float64 reference: test_decode_inputs.py)."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from pathlib import Path
 
@@ -489,6 +490,49 @@ def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(mo
     launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, None, overlap=True)(7, type("Args", (), {"address": 33})())
     config = calls[-1][1]
     assert config.num_attrs == 1 and config.attrs[0].id == pdl.id
+
+
+def test_kernel_launch_takes_cuLaunchKernel_unless_a_cluster_or_an_overlap_needs_the_configured_one(monkeypatch):
+    """The one place a launch is chosen: forward (attention()'s launcher, prepare()) and decode take it."""
+    pytest.importorskip("torch")  # codegen.launcher's
+    from types import SimpleNamespace
+
+    from codegen import api, driver, launcher
+    from codegen.families import make_plan
+    from codegen.spec import KernelSpec
+
+    calls = []
+    monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
+    monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: calls.append(("ctx", handle)))
+    monkeypatch.setattr(launcher, "_lib_launch", lambda *a: calls.append(("plain",) + a) or 0)
+    monkeypatch.setattr(launcher, "_lib_launch_ex", lambda config, function, args, extra: calls.append(
+        ("ex", ctypes.cast(config, ctypes.POINTER(launcher._LaunchConfig)).contents.num_attrs, function, args)) or 0)
+    kernel = SimpleNamespace(dynamic_smem=1000, context_handle=11, function_handle=22)
+    args = SimpleNamespace(address=33)
+    plain = launcher.kernel_launch(kernel, (3, 2, 1), 384)
+    assert isinstance(plain, launcher.PlainLaunch)
+    assert isinstance(launcher.kernel_launch(kernel, (3, 2, 1), 384, ()), launcher.PlainLaunch)  # no cluster dims
+    plain(5, args)
+    assert calls == [("ctx", 11), ("plain", 22, 3, 2, 1, 384, 1, 1, 1000, 5, 33, None)]
+    for cluster, overlap, attrs in (((2, 1, 1), False, 1), (None, True, 1), ((2, 1, 1), True, 2)):
+        calls.clear()
+        launch = launcher.kernel_launch(kernel, (4, 2, 1), 384, cluster, overlap)
+        assert isinstance(launch, launcher.ConfiguredLaunch)
+        launch(5, args)
+        assert calls == [("ctx", 11), ("ex", attrs, 22, 33)]
+    # A forward plan's cluster dims choose for attention()'s launcher and prepare()'s kernel alike.
+    monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: bytes(driver.TENSOR_MAP_BYTES))
+    for multicast, expected in ((False, "plain"), (True, "ex")):
+        spec = KernelSpec(seq_len=2048, heads=8, head_dim=128, multicast=multicast, persistent=False)
+        built = SimpleNamespace(plan=make_plan(spec))
+        grid = (16, 8, 1)
+        call = launcher.Launcher(built, kernel, {op: None for op in "qkvo"}, {}, grid, "cuda:0")
+        calls.clear()
+        call(5, 100, 200, 300, 400, 0)
+        assert [c[0] for c in calls] == ["ctx", expected]
+        calls.clear()
+        api.PreparedAttention(built, kernel, args, grid, None, None, "cuda:0")._launch(5, args)
+        assert [c[0] for c in calls] == ["ctx", expected]
 
 
 @pytest.mark.parametrize("spec", [DecodeSpec(heads=32, kv_heads=8, head_dim=128),
