@@ -154,8 +154,8 @@ def _flashgen_calls(split: tuple[int, ...]):
 
 def _flashgen_attention_calls(split: tuple[int, ...]):
     """What users call: codegen.attention(q, k, v, ...) with the same arguments as the prepared kernel (dense and
-    varlen alike). Every call checks the inputs, resolves the kernel, allocates o, encodes the tensor maps and
-    launches: its host time is part of call_ms."""
+    varlen alike; a varlen case gives both max lengths, so its offsets are not read). Every call runs the cached
+    launcher's checks, allocates o and launches: its host time is part of call_ms."""
 
     def make(torch, inputs: Inputs, case: Case):
         import codegen

@@ -46,7 +46,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
               layout: str = "bshd", window: tuple[int, int] | None = None, softcap: float = 0.0,
               pv_split: tuple[int, ...] | None = None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, deterministic: bool = False,
-              **tuning):
+              check: bool = False, **tuning):
     """Softmax(q k^T * scale) v for q of shape (B, S_q, H, D) and k, v of shape (B, S_k, H_kv, D), or the
     (B, H, S, D) layouts with layout="bhsd".
 
@@ -62,7 +62,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
 
     Variable-length batches (FlashAttention's varlen interface): q of shape (total_q, H, D) and k, v of shape
     (total_k, H_kv, D) hold the sequences back to back; int32 tensors cu_seqlens_q and cu_seqlens_k of length
-    B + 1 give where each starts (cu[0] = 0, cu[B] = total). max_seqlen_q/k default to the longest sequence.
+    B + 1 give where each starts (cu[0] = 0, cu[B] = total). Given max_seqlen_q and max_seqlen_k (as FlashAttention's
+    interface takes them), the offsets stay on the device: the call neither reads nor checks them, costs no
+    synchronization and can be captured in a CUDA graph; they must then be valid (0 first, nondecreasing, the
+    packed length last, no sequence longer than its max_seqlen), or rows go uncomputed and stores may land
+    outside o and lse. Without them, or with `check=True`, the offsets are copied to the host every call (a
+    synchronization) and checked, and the max lengths default to the longest sequence.
     Each sequence is attended on its own (causal and windows aligned to its own bottom right); o is
     (total_q, H, D) and lse (H, total_q). The kernel is specialized on the max lengths rounded up to a power of
     two (at least 128), so batches of similar lengths share one compiled kernel.
@@ -88,12 +93,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
                                                                      max_seqlen_k))
     elif fixed:
         o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks)
-    else:  # varlen: the offsets are copied to the host and checked on every call
-        call = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                       pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **tuning)
-        call()
-        o, lse = call.o, call.lse
+    else:
+        o, lse = _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse, sinks,
+                       varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), check=check)
     return (o, lse) if return_lse else o
 
 
@@ -129,29 +131,48 @@ MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
 
 
-def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True, sinks=None):
-    """One fixed-length call: (o, lse), lse None unless return_lse (the kernel then skips it). The launcher for these shapes, strides and options is made (every
-    check run) on the first call and found by a tuple of them afterwards; what the tuple does not prove
-    unchanged (grad mode, the data pointers' alignment) is checked again on every call."""
+def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True, sinks=None,
+          varlen=None, check=False):
+    """One call: (o, lse), lse None unless return_lse (the kernel then skips it). The launcher for these shapes,
+    strides and options is made (every check run) on the first call and found by a tuple of them afterwards; what
+    the tuple does not prove unchanged (grad mode, the data pointers' alignment) is checked again on every call.
+
+    varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k). The offsets are read on the host (and
+    checked) only with `check` or where a max length is missing; the max lengths are part of the tuple."""
+    offsets = ()
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        read = check or max_q is None or max_k is None
+        if read:  # a synchronization: the longest lengths come from the offsets, which are checked
+            shape = _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k)
+            max_q, max_k = shape.max_seq_q, shape.max_seq_k
+        varlen = (cu_q, cu_k, max_q, max_k)
     try:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
                k.device, v.device, bool(causal), scale, layout, None if window is None else tuple(window), softcap,
                None if pv_split is None else tuple(pv_split), tuple(sorted(tuning.items())) if tuning else (),
                None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
+        if varlen is not None:
+            key += (cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device, cu_k.shape, cu_k.stride(), cu_k.dtype,
+                    cu_k.device, max_q, max_k)
+            offsets = (cu_q.data_ptr(), cu_k.data_ptr())
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
+        lengths = {} if varlen is None else dict(zip(("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+                                                     varlen))
         call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                             pv_split=pv_split, tuning=tuning, sinks=sinks)
+                             pv_split=pv_split, tuning=tuning, sinks=sinks, read_offsets=False, **lengths)
         if call.spec.arch != "sm_90a":  # Blackwell: no cached launcher yet, every call prepared (and checked)
             prepared = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                               pv_split=pv_split, sinks=sinks, **tuning)
+                               pv_split=pv_split, sinks=sinks, **lengths, **tuning)
             prepared()
             return prepared.o, prepared.lse if return_lse else None
         built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
         o = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides: every o has them
-        launcher = Launcher(built, kernel, _map_params(call, built.plan, q, k, v, o), _fixed_arguments(call, built.plan),
+        fixed = dict(_fixed_arguments(call, built.plan), **_o_strides(call, built.plan, o))
+        launcher = Launcher(built, kernel, _map_params(call, built.plan, q, k, v, o), fixed,
                             _grid(call, built.plan, q.device, kernel), q.device)
         launcher.lse_shape = call.lse_shape
         if key is not None:
@@ -162,8 +183,8 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
                                     (sinks is not None and sinks.requires_grad)):
         raise InputError(NO_BACKWARD)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if (qp | kp | vp) % 16:
-        _check_inputs(q, k, v, layout)  # raises the alignment error for the tensor at fault
+    if (qp | kp | vp) % 16:  # raises the alignment error for the tensor at fault
+        _check_inputs(q, k, v, layout) if varlen is None else _check_tensors(q, k, v, rank=3, dims="total, H, D")
     sp = 0
     if sinks is not None:
         sp = sinks.data_ptr()
@@ -171,7 +192,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
             _check_sinks(sinks, q, sinks.shape[0])
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
-    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0, sp)
+    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0, sp, *offsets)
     return o, lse
 
 
@@ -252,13 +273,12 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
         values["sinks"] = sinks.data_ptr()
     for name, params in _map_params(call, plan, q, k, v, o).items():  # the operands the family maps
         values[f"tmap_{name}"] = driver.encode_tensor_map(params, {"q": q, "k": k, "v": v, "o": o}[name].data_ptr())
-    e = o.element_size()
+    strides = _o_strides(call, plan, o)
+    values.update(strides)
+    if strides:
+        values["o_gmem"] = o.data_ptr()
     if varlen:
-        values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
-                      o_gmem=o.data_ptr(), o_row_bytes=o.stride(0) * e, o_head_bytes=o.stride(1) * e)
-    elif "o_batch_bytes" in plan.abi.names:  # a family that stores O without a tensor map (fwd_sm100)
-        ob, os_, oh = _strides_bshd(o, layout)
-        values.update(o_gmem=o.data_ptr(), o_batch_bytes=ob * e, o_row_bytes=os_ * e, o_head_bytes=oh * e)
+        values.update(cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr())
     counter = None
     if "tile_counter" in plan.abi.names:
         # The tile counter: zero before each launch, and each launch leaves it zero. One per prepared call,
@@ -287,14 +307,13 @@ class ResolvedCall:
 
 
 def _resolve_call(q, k, v, *, causal, scale, layout, window, softcap, pv_split, tuning, sinks=None, cu_seqlens_q=None,
-                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> ResolvedCall:
-    """Every input check, then the kernel spec: raises InputError before anything is launched."""
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, read_offsets=True) -> ResolvedCall:
+    """Every input check, then the kernel spec: raises InputError before anything is launched. read_offsets=False
+    leaves a varlen batch's offsets on the device (its max lengths given): see _check_varlen_inputs."""
+    varlen = any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if varlen:
-        shape = _check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    elif max_seqlen_q is not None or max_seqlen_k is not None:
-        raise InputError("max_seqlen_q/max_seqlen_k are for variable-length batches: pass cu_seqlens_q and "
-                         "cu_seqlens_k too")
+        shape = _check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     read_offsets=read_offsets)
     else:
         shape = _check_inputs(q, k, v, layout)
     if scale is None:
@@ -346,6 +365,18 @@ def _fixed_arguments(call: ResolvedCall, plan) -> dict:
     if "batches" in names:
         values["batches"] = call.shape.batch
     return values
+
+
+def _o_strides(call: ResolvedCall, plan, o) -> dict:
+    """O's byte strides where the kernel stores O without a tensor map: a varlen tile's rows past its sequence
+    (fwd_sm90) or every tile (fwd_sm100); empty where the kernel takes none."""
+    e = o.element_size()
+    if call.varlen:
+        return {"o_row_bytes": o.stride(0) * e, "o_head_bytes": o.stride(1) * e}
+    if "o_batch_bytes" in plan.abi.names:
+        ob, os_, oh = _strides_bshd(o, call.layout)
+        return {"o_batch_bytes": ob * e, "o_row_bytes": os_ * e, "o_head_bytes": oh * e}
+    return {}
 
 
 def _grid(call: ResolvedCall, plan, device, kernel) -> tuple[int, int, int]:
@@ -450,9 +481,15 @@ def _check_heads(heads: int, kv_heads: int) -> None:
         raise InputError(f"heads must be at most {MAX_GRID_YZ} (grid limits), got {heads}")
 
 
-def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k) -> Shape:
+def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k, read_offsets: bool = True) -> Shape:
+    """A packed batch's checks and shape. With read_offsets the offsets are copied to the host (a synchronization)
+    and checked, and the max lengths default to the longest sequence; without, they are not read and the max
+    lengths, which must then be given, are taken as they are."""
     import torch
 
+    if cu_q is None and cu_k is None:
+        raise InputError("max_seqlen_q/max_seqlen_k are for variable-length batches: pass cu_seqlens_q and "
+                         "cu_seqlens_k too")
     if layout != "bshd":
         raise InputError(f"variable-length batches take packed (total, H, D) tensors; layout={layout!r} does not "
                          "apply (leave it at its default)")
@@ -481,6 +518,12 @@ def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k) -> Shape:
             raise InputError(f"{name} must hold B + 1 >= 2 offsets, got {cu.numel()}")
         if cu.stride(0) != 1:
             raise InputError(f"{name} must be contiguous; call .contiguous()")
+        if not read_offsets:
+            if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
+                raise InputError(f"max_seqlen_{name[-1]} must be a positive int where the offsets are not read, got "
+                                 f"{max_len!r}")
+            lengths[name] = max_len
+            continue
         offsets = cu.tolist()
         if offsets[0] != 0 or offsets[-1] != total:
             raise InputError(f"{name} must run from 0 to the packed length {total}, got {offsets[0]} .. {offsets[-1]}")

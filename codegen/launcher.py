@@ -123,7 +123,7 @@ class TensorMapCache:
 class Launcher:
     def __init__(self, built, kernel, map_params: dict, fixed: dict, grid: tuple[int, int, int], device):
         """map_params: operand -> TensorMapParams of its (fixed) shape and strides; fixed: the other kernel
-        arguments that do not change between calls (the scale, tiles_m, batches)."""
+        arguments that do not change between calls (the scale, tiles_m, batches, a varlen kernel's o strides)."""
         self.built, self.kernel, self.grid, self.device = built, kernel, grid, device
         plan = built.plan
         self.block, self.smem = plan.threads, plan.smem.total
@@ -141,15 +141,19 @@ class Launcher:
         self._lse = holder["lse_out"]
         self._sinks = holder.get("sinks")
         self._counter = holder.get("tile_counter")
+        # A varlen kernel's offsets, and o by address for a partial tile's plain stores.
+        self._varlen = ((holder["cu_seqlens_q"], holder["cu_seqlens_k"], holder["o_gmem"])
+                        if "cu_seqlens_q" in holder else None)
         self._lock = threading.Lock()
         _load_driver_lib()
 
     def _map(self, op: str, address: int) -> bytes:
         return self._maps[op].get(address)
 
-    def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int, sinks: int = 0) -> None:
+    def __call__(self, stream: int, q: int, k: int, v: int, o: int, lse: int, sinks: int = 0, cu_seqlens_q: int = 0,
+                 cu_seqlens_k: int = 0) -> None:
         """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp; sinks:
-        the (H,) logits of a kernel with sinks)."""
+        the (H,) logits of a kernel with sinks; cu_seqlens: a varlen kernel's offsets, read on the device)."""
         maps = (self._map("q", q), self._map("k", k), self._map("v", v), self._map("o", o))
         counter = stream_counter(self.device, stream) if self._counter is not None else 0
         with self._lock:
@@ -162,6 +166,9 @@ class Launcher:
                 self._sinks.value = sinks
             if self._counter is not None:
                 self._counter.value = counter
+            if self._varlen is not None:
+                cu_q, cu_k, o_gmem = self._varlen
+                cu_q.value, cu_k.value, o_gmem.value = cu_seqlens_q, cu_seqlens_k, o
             self._launch(stream, self._args)
 
 

@@ -72,8 +72,8 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
     """attention() as torch.compile sees it: the custom op (fixed lengths only); where q, k or v requires grad, the
     backward kernels' refusals are raised while tracing, before anything runs."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None or max_seqlen_k is not None:
-        raise api.InputError("variable-length batches are not supported under torch.compile (their offsets are "
-                             "checked on the host every call); call attention() outside the compiled region")
+        raise api.InputError("variable-length batches are not supported under torch.compile yet; call attention() "
+                             "outside the compiled region (given both max lengths it does not synchronize)")
     unknown = set(tuning) - {"block_n", "stages", "pingpong", "persistent", "tile_overlap", "short_tail"}
     if unknown:
         raise api.InputError(f"{sorted(unknown)} cannot be passed under torch.compile")

@@ -4,7 +4,8 @@
     python3 scripts/host_time.py [--calls 2000] [--shape 1,128,8,128] [--dtype bf16]
 
 On a tiny shape the GPU finishes each kernel long before the host issues the next, so the time per call is the
-host's: flashgen's attention() and a prepare()d call beside SDPA (its own backend choice, and inside
+host's: flashgen's attention() (fixed lengths, and the same batch packed as a varlen one, its offsets unread and
+read) and a prepare()d call beside SDPA (its own backend choice, and inside
 sdpa_kernel(CUDNN_ATTENTION) and (FLASH_ATTENTION)), and torch.empty_like(q) as the floor.
 """
 
@@ -84,8 +85,14 @@ def main() -> int:
                 sdpa(qt, kt, vt)
         return call
 
+    # The same batch packed as a variable-length one: with both max lengths its offsets stay on the device.
+    packed = [t.reshape(b * s, h, d) for t in (q, k, v)]
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device="cuda")
+    varlen = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s)
     rows = {
         "flashgen attention()": lambda: codegen.attention(q, k, v),
+        "flashgen varlen attention(), max lengths": lambda: codegen.attention(*packed, **varlen),
+        "flashgen varlen attention(), check=True": lambda: codegen.attention(*packed, **varlen, check=True),
         "flashgen prepare()d call": prepared,
         "SDPA (own backend choice)": lambda: sdpa(qt, kt, vt),
         "SDPA in sdpa_kernel(CUDNN_ATTENTION)": in_backend(backend.CUDNN_ATTENTION),

@@ -257,3 +257,75 @@ def test_a_resolved_call_with_sinks_has_the_mode_on(monkeypatch):
     with_sinks = _resolve_call(q, k, v, sinks=torch.zeros(2), **options).spec
     without = _resolve_call(q, k, v, **options).spec
     assert with_sinks.sinks and not without.sinks and with_sinks.name != without.name
+
+
+# --- varlen calls with their max lengths: the offsets stay on the device ------------------------------------
+
+
+def test_varlen_offsets_with_both_max_lengths_are_not_read_unless_checked():
+    t, _ = varlen()
+    bad = torch.tensor([0, 300, 100, 400], dtype=torch.int32)  # decreasing: only a read of the offsets shows it
+    given = dict(cu_seqlens_q=bad, cu_seqlens_k=bad, max_seqlen_q=300, max_seqlen_k=300)
+    with pytest.raises(InputError, match="run on a CUDA device"):  # not read: the call reaches the device check
+        attention(t, t, t, **given)
+    with pytest.raises(InputError, match="nondecreasing, but sequence 1 has length -200"):
+        attention(t, t, t, check=True, **given)
+    with pytest.raises(InputError, match="nondecreasing"):  # one max length missing: the offsets are read
+        attention(t, t, t, cu_seqlens_q=bad, cu_seqlens_k=bad, max_seqlen_q=300)
+    with pytest.raises(InputError, match="max_seqlen_q/max_seqlen_k are for variable-length batches"):
+        attention(t, t, t, max_seqlen_q=300, max_seqlen_k=300)
+
+
+@pytest.mark.parametrize("max_len", [0, -1, 2.0, True, "300"])
+def test_unread_offsets_need_positive_int_max_lengths(max_len):
+    t, cu = varlen()
+    with pytest.raises(InputError, match="max_seqlen_k must be a positive int where the offsets are not read"):
+        attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=max_len)
+
+
+@pytest.mark.parametrize("tuning", [{}, {"persistent": True}])
+def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monkeypatch):
+    """attention()'s cached varlen launcher and prepare() pass the kernel the same arguments, but for the per-call
+    outputs and the tile counter; the launcher writes each call's offsets and o by address (CPU, faked launch)."""
+    import ctypes
+    import hashlib
+    from types import SimpleNamespace
+
+    from codegen import api, driver, launcher
+    from codegen.families import make_plan
+
+    monkeypatch.setattr(api, "_check_device", lambda t: None)  # as if on an H100
+    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(api, "_loaded", lambda key: (SimpleNamespace(plan=make_plan(key.spec), spec=key.spec),
+                                                     SimpleNamespace(dynamic_smem=0, context_handle=1, function_handle=2)))
+    monkeypatch.setattr(api, "_LAUNCHERS", {})
+    monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
+        repr((params, address)).encode()).digest() * 2)
+    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
+    monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
+    monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
+    launches = []
+    monkeypatch.setattr(launcher, "_lib_launch", lambda *a: launches.append(a) or 0)
+
+    def values(args, names):
+        return {n: ctypes.string_at(ctypes.addressof(h), ctypes.sizeof(h)) for n, h in zip(names, args.holders)}
+
+    t, cu = varlen((100, 300), heads=4, dim=128)
+    k = t[:, :2]  # grouped-query K/V heads, read in place
+    options = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=300, causal=True, **tuning)
+    for cu_q in (cu, cu.clone()):  # a second call: new offsets and o, the same launcher
+        o, lse = attention(t, k, k, return_lse=True, **dict(options, cu_seqlens_q=cu_q))
+        (call,) = api._LAUNCHERS.values()
+        names = call.built.plan.abi.names
+        fast = values(call._args, names)
+        prepared = api.prepare(t, k, k, **dict(options, cu_seqlens_q=cu_q))
+        assert prepared.spec == call.built.spec and prepared.grid == call.grid
+        slow = values(prepared.args, names)
+        per_call = {"o_gmem", "tmap_o", "lse_out", "tile_counter"}
+        assert {n for n in names if fast[n] != slow[n]} <= per_call
+        read = {n: int.from_bytes(fast[n][:8], "little") for n in ("cu_seqlens_q", "cu_seqlens_k", "o_gmem", "lse_out")}
+        assert read == {"cu_seqlens_q": cu_q.data_ptr(), "cu_seqlens_k": cu.data_ptr(), "o_gmem": o.data_ptr(),
+                        "lse_out": lse.data_ptr()}
+        assert o.shape == t.shape and lse.shape == (4, 400)
+    assert len(launches) == 2 and launches[-1][1:4] == call.grid

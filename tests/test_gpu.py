@@ -246,24 +246,29 @@ def run_varlen(q_lens, k_lens, heads, kv_heads, head_dim, dtype="bf16", scale_in
     call.lse.fill_(float("nan"))
     call()
     torch.cuda.synchronize()
-    assert not torch.isnan(call.o).any() and not torch.isnan(call.lse).any(), "unwritten outputs"
+    assert_varlen_matches(q, k, v, cu_q, cu_k, call.o, call.lse, **options)
+    return call
+
+
+def assert_varlen_matches(q, k, v, cu_q, cu_k, o, lse, **options):
+    """A packed batch's o and lse (written over NaN) against float64, the whole batch and each sequence."""
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "unwritten outputs"
     ref_o, ref_lse = check.reference_varlen(q, k, v, cu_q, cu_k, **options)
     same_dtype = check.same_dtype_output_varlen(q, k, v, cu_q, cu_k, **options)
-    failure = check.accuracy_failure(call.o, ref_o, same_dtype, floor=TINY)
+    failure = check.accuracy_failure(o, ref_o, same_dtype, floor=TINY)
     assert failure is None, failure
     yardstick = check.rel_err(same_dtype, ref_o)
     # Each sequence on its own too: a tile that spilled into its neighbour would show here even when the
     # whole-batch error is small.
     for i, (rows, _) in enumerate(check.sequences(cu_q, cu_k)):
         if rows.stop > rows.start and ref_o[rows].norm() > 0:
-            seq_err = check.rel_err(call.o[rows], ref_o[rows])
+            seq_err = check.rel_err(o[rows], ref_o[rows])
             assert seq_err <= max(4 * yardstick, 1e-2), f"sequence {i}: rel err {seq_err:.3e}"
     empty = torch.isinf(ref_lse)
-    assert torch.equal(torch.isinf(call.lse), empty), "fully masked rows differ"
-    assert (call.o.transpose(0, 1)[empty] == 0).all(), "a fully masked row is not 0"
+    assert torch.equal(torch.isinf(lse), empty), "fully masked rows differ"
+    assert (o.transpose(0, 1)[empty] == 0).all(), "a fully masked row is not 0"
     if (~empty).any():
-        assert check.rel_err(call.lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
-    return call
+        assert check.rel_err(lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
 
 
 # Lengths around the 128-row query tile and the key block, a sequence shorter than one tile's consumer half,

@@ -7,6 +7,7 @@ to 2x the same-dtype SDPA error against a float64 reference, on fresh random inp
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 import codegen  # noqa: E402
 from codegen import check  # noqa: E402
 from codegen.api import InputError, attention, scaled_dot_product_attention  # noqa: E402
+from tests.test_gpu import RAGGED, assert_varlen_matches, packed  # noqa: E402
 
 TINY = 1e-6
 
@@ -176,3 +178,68 @@ def test_threads_at_once():
     assert not errors, errors
     for (q, k, v), o in zip(inputs, outs):
         assert_matches(q, k, v, o)
+
+
+# --- varlen calls given their max lengths: the offsets stay on the device ------------------------------------
+
+LONGEST = max(RAGGED)
+ORDERS = (RAGGED, RAGGED[::-1], RAGGED[1::2] + RAGGED[::2])  # one packed length, one longest sequence
+
+
+def offsets_of(lengths):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("causal, tuning", [(False, {}), (True, {}), (True, {"persistent": True})])
+def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal, tuning):
+    """Given both max lengths, a varlen call neither reads nor checks its offsets: no synchronization (torch's sync
+    debug mode raises on one), the same launcher for new lengths under the same max, every output right."""
+    heads, kv_heads = 8, 2
+    for lengths in ORDERS:
+        q, cu_q = packed(lengths, heads, 128, torch.bfloat16)
+        k, cu_k = packed(lengths, kv_heads, 128, torch.bfloat16)
+        v, _ = packed(lengths, kv_heads, 128, torch.bfloat16)
+        kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=causal,
+                      return_lse=True, **tuning)
+        attention(q, k, v, **kwargs)  # the first call may compile and load
+        torch.empty_like(q).fill_(float("nan"))  # freed: the allocator hands the poisoned block to the next o
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o, lse = attention(q, k, v, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert_varlen_matches(q, k, v, cu_q, cu_k, o, lse, causal=causal)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):  # check=True reads the offsets: a synchronization
+            attention(q, k, v, check=True, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_cuda_graph_replays_a_varlen_call_with_new_offsets():
+    q, cu_q = packed(RAGGED, 8, 128, torch.bfloat16)
+    k, cu_k = packed(RAGGED, 8, 128, torch.bfloat16)
+    v, _ = packed(RAGGED, 8, 128, torch.bfloat16)
+    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=True,
+                  return_lse=True)
+    attention(q, k, v, **kwargs)  # compiled, loaded and the launcher made before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        attention(q, k, v, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out, lse = attention(q, k, v, **kwargs)
+    for lengths in ORDERS[1:] + ORDERS[:1]:  # new offsets in the captured tensors, then the first ones again
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        cu_q.copy_(offsets_of(lengths))
+        cu_k.copy_(cu_q)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_varlen_matches(q, k, v, cu_q, cu_k, out, lse, causal=True)
