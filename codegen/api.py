@@ -88,7 +88,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
 
         o, lse = differentiable_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                           softcap=softcap, pv_split=pv_split, sinks=sinks, tuning=tuning,
-                                          deterministic=deterministic,
+                                          deterministic=deterministic, check=check,
                                           varlen=None if fixed else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                      max_seqlen_k))
     elif fixed:

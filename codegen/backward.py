@@ -147,7 +147,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
     ((B, H, S_q) float32, natural log, as attention(..., return_lse=True) returns it). The options must be
     those of the forward call. Under grouped-query attention dk and dv are summed over each K/V head's query
     heads. The gradients have q's, k's and v's shapes and strides where those are dense. A variable-length batch
-    (D 64, 96, 128) passes the forward's packed tensors, cu_seqlens and max lengths, and its (H, total_q) lse."""
+    (D 64, 96, 128) passes the forward's packed tensors, cu_seqlens and max lengths, and its (H, total_q) lse; as in
+    attention(), its offsets are read (a synchronization) and checked only where a max length is missing."""
     import torch
 
     api._require_torch("codegen.attention_backward()")
@@ -156,7 +157,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
     varlen = any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     with torch.no_grad():
         if varlen:
-            shape = api._check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            shape = api._check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                             read_offsets=max_seqlen_q is None or max_seqlen_k is None)
             lse_shape = (shape.heads, shape.seq_q)
         else:
             shape = _check_inputs(q, k, v, layout)
@@ -194,17 +196,9 @@ def _function():
 
         @staticmethod
         def forward(ctx, q, k, v, options):
-            varlen = options["varlen"]
-            if varlen is None:
-                o, lse = api._call(q, k, v, options["causal"], options["scale"], options["layout"], options["window"],
-                                   options["softcap"], options["pv_split"], options["tuning"], return_lse=True,
-                                   sinks=options["sinks"])
-            else:
-                call = api.prepare(q, k, v, causal=options["causal"], scale=options["scale"], window=options["window"],
-                                   softcap=options["softcap"], pv_split=options["pv_split"], sinks=options["sinks"],
-                                   **dict(zip(VARLEN_ARGS, varlen)), **options["tuning"])
-                call()
-                o, lse = call.o, call.lse
+            o, lse = api._call(q, k, v, options["causal"], options["scale"], options["layout"], options["window"],
+                               options["softcap"], options["pv_split"], options["tuning"], return_lse=True,
+                               sinks=options["sinks"], varlen=options["varlen"])
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.options = options
             ctx.mark_non_differentiable(lse)
@@ -263,7 +257,7 @@ def backward_refusal(seq_q, seq_k, heads, kv_heads, dim, dtype, causal, window, 
 
 
 def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, tuning,
-                             deterministic=False, varlen=None):
+                             deterministic=False, varlen=None, check=False):
     """attention() where q, k or v requires grad: every check of the backward spec first (an unsupported case is an
     InputError before the forward runs), then the forward through AttentionFunction.
 
@@ -271,11 +265,15 @@ def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap,
     already each key's share, and delta = rowsum(dO * O) is still sum_j P_ij dP_ij (a sink has no value). Their own
     gradient is not computed: sinks that require grad are refused by the forward's checks.
 
-    `varlen`: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch, else None."""
+    `varlen`: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch, else None. Its
+    offsets are read and checked here (a synchronization) only with `check` or where a max length is missing; the
+    forward and the backward then take the max lengths as given and never read them."""
     if varlen is None:
         _check_inputs(q.detach(), k.detach(), v.detach(), layout)
     else:
-        shape = api._check_varlen_inputs(q.detach(), k.detach(), v.detach(), layout, *varlen)
+        read = check or varlen[2] is None or varlen[3] is None
+        shape = api._check_varlen_inputs(q.detach(), k.detach(), v.detach(), layout, *varlen, read_offsets=read)
+        varlen = (varlen[0], varlen[1], shape.max_seq_q, shape.max_seq_k)
     # Fixed lengths: every refusal of the spec; varlen (3-D tensors): the sinks' only, the spec's below.
     check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,
                          deterministic=deterministic)

@@ -262,8 +262,10 @@ def test_a_resolved_call_with_sinks_has_the_mode_on(monkeypatch):
 # --- varlen calls with their max lengths: the offsets stay on the device ------------------------------------
 
 
-def test_varlen_offsets_with_both_max_lengths_are_not_read_unless_checked():
+@pytest.mark.parametrize("grad", [False, True], ids=("inference", "autograd"))
+def test_varlen_offsets_with_both_max_lengths_are_not_read_unless_checked(grad):
     t, _ = varlen()
+    t.requires_grad_(grad)  # with autograd the forward and the backward take the max lengths as the checks leave them
     bad = torch.tensor([0, 300, 100, 400], dtype=torch.int32)  # decreasing: only a read of the offsets shows it
     given = dict(cu_seqlens_q=bad, cu_seqlens_k=bad, max_seqlen_q=300, max_seqlen_k=300)
     with pytest.raises(InputError, match="run on a CUDA device"):  # not read: the call reaches the device check
@@ -274,6 +276,13 @@ def test_varlen_offsets_with_both_max_lengths_are_not_read_unless_checked():
         attention(t, t, t, cu_seqlens_q=bad, cu_seqlens_k=bad, max_seqlen_q=300)
     with pytest.raises(InputError, match="max_seqlen_q/max_seqlen_k are for variable-length batches"):
         attention(t, t, t, max_seqlen_q=300, max_seqlen_k=300)
+    from codegen.backward import attention_backward
+
+    x, lse = t.detach(), torch.zeros(2, 400)
+    with pytest.raises(InputError, match="run on a CUDA device"):  # the backward called directly: the same rule
+        attention_backward(x, x, x, x, lse, x, **given)
+    with pytest.raises(InputError, match="nondecreasing"):
+        attention_backward(x, x, x, x, lse, x, **dict(given, max_seqlen_k=None))
 
 
 @pytest.mark.parametrize("max_len", [0, -1, 2.0, True, "300"])

@@ -309,6 +309,27 @@ def test_varlen_window_and_softcap(head_dim, options):
     run_varlen(RAGGED, RAGGED, 4, 2, head_dim, softcap=20.0, **options)
 
 
+def test_varlen_with_max_lengths_trains_without_a_synchronization():
+    """Given both max lengths, neither the forward nor the backward reads the offsets (torch's sync debug mode
+    raises on a synchronization), and the outputs and gradients are right."""
+    q, cu_q = packed(RAGGED, 8, 128, "bf16")
+    k, cu_k = packed(RAGGED, 2, 128, "bf16")
+    v, _ = packed(RAGGED, 2, 128, "bf16")
+    do, _ = packed(RAGGED, 8, 128, "bf16")
+    given = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(RAGGED), max_seqlen_k=max(RAGGED), causal=True)
+    grads_by_autograd(q, k, v, do, **given)  # the first step compiles and loads both directions
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    poison_free_memory(q, k, v)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = attention(*leaves, **given)
+        o.backward(do)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_output(q, k, v, o.detach(), varlen=(cu_q, cu_k), causal=True)
+    assert_gradients(q, k, v, do, tuple(t.grad for t in leaves), varlen=(cu_q, cu_k), causal=True)
+
+
 def test_varlen_attention_backward_matches_autograd():
     # Deterministic: the two ways in give the same bits (total_q 493).
     (q, k, v, do, cu_q, cu_k), grads = run_varlen([300, 0, 129, 64], [300, 5, 700, 64], 8, 4, 64, "f16", causal=True,
