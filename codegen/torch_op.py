@@ -19,49 +19,63 @@ _traced_refusal = torch.compiler.assume_constant_result(backward.backward_refusa
 @torch.library.custom_op("flashgen::attention", mutates_args=(), device_types="cuda")
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
                  layout: str, window: Optional[list[int]], softcap: float, pv_split: Optional[list[int]],
-                 sinks: Optional[torch.Tensor], block_n: int, stages: int, pingpong: bool, persistent: Optional[bool],
+                 sinks: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+                 cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                 block_n: int, stages: int, pingpong: bool, persistent: Optional[bool],
                  tile_overlap: Optional[bool], short_tail: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent, tile_overlap=tile_overlap,
                   short_tail=short_tail)
+    varlen = None if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     with torch.no_grad():  # below autograd: the op's autograd formula (registered below) owns the gradients
         return api._call(q, k, v, causal, scale, layout, None if window is None else tuple(window), softcap,
-                         None if pv_split is None else tuple(pv_split), tuning, sinks=sinks)
+                         None if pv_split is None else tuple(pv_split), tuning, sinks=sinks, varlen=varlen)
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, causal, scale, layout, window, softcap, pv_split, sinks, block_n, stages, pingpong,
-                    persistent, tile_overlap, short_tail, deterministic):
-    batch, heads, seq = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd" else q.shape[:3]
+def _attention_fake(q, k, v, causal, scale, layout, window, softcap, pv_split, sinks, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q, max_seqlen_k, block_n, stages, pingpong, persistent, tile_overlap, short_tail,
+                    deterministic):
+    if cu_seqlens_q is not None:  # packed (total, H, D): lse (H, total)
+        lse_shape = (q.shape[1], q.shape[0])
+    else:
+        batch, heads, seq = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd" else q.shape[:3]
+        lse_shape = (batch, heads, seq)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            q.new_empty((batch, heads, seq), dtype=torch.float32))
+            q.new_empty(lse_shape, dtype=torch.float32))
 
 
 @torch.library.custom_op("flashgen::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                           do: torch.Tensor, causal: bool, scale: Optional[float], layout: str,
-                          window: Optional[list[int]], softcap: float,
-                          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          window: Optional[list[int]], softcap: float, deterministic: bool,
+                          cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+                          max_seqlen_q: Optional[int],
+                          max_seqlen_k: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward.attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale, layout=layout,
                               window=None if window is None else tuple(window), softcap=softcap,
-                              deterministic=deterministic)
+                              deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(q, k, v, o, lse, do, causal, scale, layout, window, softcap, deterministic):
+def _attention_backward_fake(q, k, v, o, lse, do, causal, scale, layout, window, softcap, deterministic, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, layout, window, softcap = inputs[:8]
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.options = (causal, scale, layout, window, softcap, inputs[-1])
+    q, k, v, causal, scale, layout, window, softcap, _pv_split, _sinks, cu_q, cu_k, max_q, max_k = inputs[:14]
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+    ctx.options = (causal, scale, layout, window, softcap, inputs[-1], max_q, max_k)
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(q, k, v, o, lse, do, *ctx.options)
-    return (dq, dk, dv) + (None,) * 14  # nothing for the options, sinks included (refused if they need a gradient)
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    causal, scale, layout, window, softcap, deterministic, max_q, max_k = ctx.options
+    dq, dk, dv = attention_backward_op(q, k, v, o, lse, do, causal, scale, layout, window, softcap, deterministic,
+                                       cu_q, cu_k, max_q, max_k)
+    return (dq, dk, dv) + (None,) * 18  # nothing for the options, sinks included (refused if they need a gradient)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -69,19 +83,30 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, tuning, deterministic=False):
-    """attention() as torch.compile sees it: the custom op (fixed lengths only); where q, k or v requires grad, the
-    backward kernels' refusals are raised while tracing, before anything runs."""
-    if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None or max_seqlen_k is not None:
-        raise api.InputError("variable-length batches are not supported under torch.compile yet; call attention() "
-                             "outside the compiled region (given both max lengths it does not synchronize)")
+    """attention() as torch.compile sees it: the custom op; where q, k or v requires grad, the backward kernels'
+    refusals are raised while tracing, before anything runs. A variable-length batch needs both max lengths here:
+    its offsets are never read (a synchronization would break the graph)."""
+    varlen = any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None):
+        raise api.InputError("under torch.compile a variable-length batch needs cu_seqlens_q, cu_seqlens_k, "
+                             "max_seqlen_q and max_seqlen_k: its offsets are not read on the host there")
     unknown = set(tuning) - {"block_n", "stages", "pingpong", "persistent", "tile_overlap", "short_tail"}
     if unknown:
         raise api.InputError(f"{sorted(unknown)} cannot be passed under torch.compile")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         backward.check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap,
                                       sinks=sinks, deterministic=deterministic, refusal_of=_traced_refusal)
+        if varlen and q.dim() == 3 and k.dim() == 3:  # packed tensors: the refusals above are for 4-D ones
+            refusal = _traced_refusal(
+                api._length_bucket(int(max_seqlen_q)), api._length_bucket(int(max_seqlen_k)), int(q.shape[1]),
+                int(k.shape[1]), int(q.shape[2]), str(q.dtype), bool(causal),
+                None if window is None else tuple(int(w) for w in window), float(softcap), bool(deterministic),
+                q.device.type, q.device.index or 0, True)
+            if refusal:
+                raise api.InputError(refusal)
     return attention_op(q, k, v, bool(causal), None if scale is None else float(scale), layout,
                         None if window is None else [int(w) for w in window], float(softcap),
-                        None if pv_split is None else [int(c) for c in pv_split], sinks, int(tuning.get("block_n", 0)),
+                        None if pv_split is None else [int(c) for c in pv_split], sinks, cu_seqlens_q, cu_seqlens_k,
+                        max_seqlen_q, max_seqlen_k, int(tuning.get("block_n", 0)),
                         int(tuning.get("stages", 0)), bool(tuning.get("pingpong", True)), tuning.get("persistent"),
                         tuning.get("tile_overlap"), bool(tuning.get("short_tail", True)), bool(deterministic))

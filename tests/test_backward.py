@@ -360,6 +360,20 @@ def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
     with pytest.raises(InputError, match="backward: deterministic=True needs dQ added as one tile"):
         traced(96, False, deterministic=True)
 
+    def traced_varlen(dim, fullgraph, **options):  # a packed batch of two sequences, 100 and 28 rows
+        q = torch.randn(128, 2, dim, dtype=torch.bfloat16, requires_grad=True)
+        cu = torch.tensor([0, 100, 128], dtype=torch.int32)
+        torch._dynamo.reset()
+        return torch.compile(lambda q, k, v: attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                                       **options), fullgraph=fullgraph, backend="eager")(q, q, q)
+
+    with pytest.raises(NotImplementedError, match="flashgen::attention"):  # no graph break: the op is reached
+        traced_varlen(128, True, max_seqlen_q=100, max_seqlen_k=100)
+    with pytest.raises(Exception, match="under torch.compile a variable-length batch needs"):  # dynamo wraps it
+        traced_varlen(128, True, max_seqlen_q=100)
+    with pytest.raises(InputError, match="backward: head_dim 192: the backward of variable-length"):
+        traced_varlen(192, False, max_seqlen_q=100, max_seqlen_k=100)
+
 
 @pytest.mark.parametrize("head_dim,lanes,rows_per_block", [(64, 8, 16), (96, 4, 32), (128, 16, 8)])
 def test_row_kernels_give_each_row_an_aligned_lane_group_of_16_byte_vectors(head_dim, lanes, rows_per_block):

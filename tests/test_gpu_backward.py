@@ -487,3 +487,22 @@ def test_torch_compile_trains_through_the_custom_ops():
     assert torch.equal(bits(o.detach()), bits(eager_o)), "the compiled forward computed another o"
     for name, leaf, e in zip(("dq", "dk", "dv"), leaves, eager):
         assert torch.equal(bits(leaf.grad), bits(e)), f"{name}: the compiled backward differs from eager's"
+
+
+def test_torch_compile_trains_a_varlen_batch_through_the_custom_ops():
+    # Given both max lengths the packed batch traces without a graph break; deterministic: eager's bits.
+    q, cu_q = packed(RAGGED, 8, 128, "bf16")
+    k, cu_k = packed(RAGGED, 2, 128, "bf16")
+    v, _ = packed(RAGGED, 2, 128, "bf16")
+    do, _ = packed(RAGGED, 8, 128, "bf16")
+    given = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(RAGGED), max_seqlen_k=max(RAGGED), causal=True,
+                 deterministic=True)
+    eager_o, eager = grads_by_autograd(q, k, v, do, **given)
+    assert_output(q, k, v, eager_o, varlen=(cu_q, cu_k), causal=True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = torch.compile(lambda q, k, v: attention(q, k, v, **given), fullgraph=True)(*leaves)
+    assert o.grad_fn is not None
+    o.backward(do)
+    assert torch.equal(bits(o.detach()), bits(eager_o)), "the compiled forward computed another o"
+    for name, leaf, e in zip(("dq", "dk", "dv"), leaves, eager):
+        assert torch.equal(bits(leaf.grad), bits(e)), f"{name}: the compiled backward differs from eager's"

@@ -218,6 +218,19 @@ def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_torch_compile_takes_a_varlen_call_given_its_max_lengths():
+    q, cu_q = packed(RAGGED, 8, 128, torch.bfloat16)
+    k, cu_k = packed(RAGGED, 2, 128, torch.bfloat16)
+    v, _ = packed(RAGGED, 2, 128, torch.bfloat16)
+    given = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=True,
+                 return_lse=True)
+    eager = attention(q, k, v, **given)
+    compiled = torch.compile(lambda q, k, v: attention(q * 1.0, k, v, **given), fullgraph=True)(q, k, v)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_varlen_matches(q, k, v, cu_q, cu_k, *compiled, causal=True)
+
+
 def test_cuda_graph_replays_a_varlen_call_with_new_offsets():
     q, cu_q = packed(RAGGED, 8, 128, torch.bfloat16)
     k, cu_k = packed(RAGGED, 8, 128, torch.bfloat16)
