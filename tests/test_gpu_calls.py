@@ -190,17 +190,21 @@ def offsets_of(lengths):
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
 
 
+def packed_batch(lengths, heads, kv_heads, **options):
+    """q, k, v of a packed bf16 batch (D=128) and attention()'s keyword arguments for it with both max lengths."""
+    q, cu_q = packed(lengths, heads, 128, torch.bfloat16)
+    k, cu_k = packed(lengths, kv_heads, 128, torch.bfloat16)
+    v, _ = packed(lengths, kv_heads, 128, torch.bfloat16)
+    return q, k, v, dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST,
+                         return_lse=True, **options)
+
+
 @pytest.mark.parametrize("causal, tuning", [(False, {}), (True, {}), (True, {"persistent": True})])
 def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal, tuning):
     """Given both max lengths, a varlen call neither reads nor checks its offsets: no synchronization (torch's sync
     debug mode raises on one), the same launcher for new lengths under the same max, every output right."""
-    heads, kv_heads = 8, 2
     for lengths in ORDERS:
-        q, cu_q = packed(lengths, heads, 128, torch.bfloat16)
-        k, cu_k = packed(lengths, kv_heads, 128, torch.bfloat16)
-        v, _ = packed(lengths, kv_heads, 128, torch.bfloat16)
-        kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=causal,
-                      return_lse=True, **tuning)
+        q, k, v, kwargs = packed_batch(lengths, 8, 2, causal=causal, **tuning)
         attention(q, k, v, **kwargs)  # the first call may compile and load
         torch.empty_like(q).fill_(float("nan"))  # freed: the allocator hands the poisoned block to the next o
         torch.cuda.set_sync_debug_mode("error")
@@ -209,7 +213,7 @@ def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
-        assert_varlen_matches(q, k, v, cu_q, cu_k, o, lse, causal=causal)
+        assert_varlen_matches(q, k, v, kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"], o, lse, causal=causal)
     torch.cuda.set_sync_debug_mode("error")
     try:
         with pytest.raises(RuntimeError, match="synchroniz"):  # check=True reads the offsets: a synchronization
@@ -219,24 +223,17 @@ def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal
 
 
 def test_torch_compile_takes_a_varlen_call_given_its_max_lengths():
-    q, cu_q = packed(RAGGED, 8, 128, torch.bfloat16)
-    k, cu_k = packed(RAGGED, 2, 128, torch.bfloat16)
-    v, _ = packed(RAGGED, 2, 128, torch.bfloat16)
-    given = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=True,
-                 return_lse=True)
+    q, k, v, given = packed_batch(RAGGED, 8, 2, causal=True)
     eager = attention(q, k, v, **given)
     compiled = torch.compile(lambda q, k, v: attention(q * 1.0, k, v, **given), fullgraph=True)(q, k, v)
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert_varlen_matches(q, k, v, cu_q, cu_k, *compiled, causal=True)
+    assert_varlen_matches(q, k, v, given["cu_seqlens_q"], given["cu_seqlens_k"], *compiled, causal=True)
 
 
 def test_cuda_graph_replays_a_varlen_call_with_new_offsets():
-    q, cu_q = packed(RAGGED, 8, 128, torch.bfloat16)
-    k, cu_k = packed(RAGGED, 8, 128, torch.bfloat16)
-    v, _ = packed(RAGGED, 8, 128, torch.bfloat16)
-    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=LONGEST, max_seqlen_k=LONGEST, causal=True,
-                  return_lse=True)
+    q, k, v, kwargs = packed_batch(RAGGED, 8, 8, causal=True)
+    cu_q, cu_k = kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"]
     attention(q, k, v, **kwargs)  # compiled, loaded and the launcher made before capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
