@@ -44,7 +44,7 @@ def per_call_us(fn, calls: int, rounds: int = 5) -> float:
 
 def breakdown(q, k, v) -> dict:
     """The steps of a cached attention() call, each alone."""
-    from codegen import api, launcher
+    from codegen import api
 
     codegen.attention(q, k, v)
     (launch,) = [entry for key, entry in api._LAUNCHERS.items() if key[0] == q.shape]
