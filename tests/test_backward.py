@@ -369,8 +369,14 @@ def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
 
     with pytest.raises(NotImplementedError, match="flashgen::attention"):  # no graph break: the op is reached
         traced_varlen(128, True, max_seqlen_q=100, max_seqlen_k=100)
-    with pytest.raises(Exception, match="under torch.compile a variable-length batch needs"):  # dynamo wraps it
+    # What the op cannot carry runs eagerly behind a graph break (here on the CPU: refused for its device); with
+    # fullgraph=True dynamo refuses the break and says why.
+    with pytest.raises(InputError, match="CUDA device"):
+        traced_varlen(128, False, max_seqlen_q=100)
+    with pytest.raises(Exception, match="a varlen batch without both max lengths .* runs eagerly"):
         traced_varlen(128, True, max_seqlen_q=100)
+    with pytest.raises(InputError, match="CUDA device"):
+        traced(128, False, multicast=True)
     with pytest.raises(InputError, match="backward: head_dim 192: the backward of variable-length"):
         traced_varlen(192, False, max_seqlen_q=100, max_seqlen_k=100)
 
