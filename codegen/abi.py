@@ -23,6 +23,7 @@ from typing import Mapping
 
 # An mbarrier object is 64 bits, 8-byte aligned (PTX ISA: "Size and alignment of mbarrier object").
 MBARRIER_BYTES = 8
+MAX_DEVICES = 64  # devices whose resident-cluster count an exported launcher remembers (more: asked every launch)
 
 
 class Pack(enum.Enum):
@@ -196,9 +197,17 @@ class Grid:
             "config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;"]
         if self.persistent:
             lines += [
-                "int clusters = 0;  // of this kernel, resident at once: the persistent grid",
-                f"if ((err = cudaOccupancyMaxActiveClusters(&clusters, {kernel}, &config)) != cudaSuccess) return err;",
-                "if (clusters < 1) return cudaErrorInvalidConfiguration;",
+                "// Clusters of this kernel resident at once (the persistent grid), per device: fixed by the kernel, its",
+                "// block, shared memory and cluster, so asked once.",
+                f"static std::atomic<int> resident[{MAX_DEVICES}];",
+                "int device = 0;",
+                "if ((err = cudaGetDevice(&device)) != cudaSuccess) return err;",
+                f"int clusters = device < {MAX_DEVICES} ? resident[device].load(std::memory_order_relaxed) : 0;",
+                "if (clusters == 0) {",
+                f"  if ((err = cudaOccupancyMaxActiveClusters(&clusters, {kernel}, &config)) != cudaSuccess) return err;",
+                "  if (clusters < 1) return cudaErrorInvalidConfiguration;",
+                f"  if (device < {MAX_DEVICES}) resident[device].store(clusters, std::memory_order_relaxed);",
+                "}",
                 *tiles,
                 f"const long long groups = tiles / {self.cluster};",
                 f"const int ctas = {self.cluster} * (int)(groups < clusters ? groups : clusters);",

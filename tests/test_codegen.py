@@ -511,6 +511,9 @@ def test_persistent_pairs_take_alike_tiles_at_a_fixed_stride():
     launch = plan.abi.grid.c_launch("kern", 384, 1000, "a")
     assert "cudaOccupancyMaxActiveClusters(&clusters, kern, &config)" in launch
     assert launch.index("cudaOccupancyMaxActiveClusters") < launch.index("config.gridDim = dim3(ctas);")
+    # Asked once per device: the count depends on the kernel and its launch shape only.
+    assert launch.index("if (clusters == 0) {") < launch.index("cudaOccupancyMaxActiveClusters")
+    assert "resident[device].store(clusters, std::memory_order_relaxed)" in launch
     source = render(plan).source
     # The K slot that staged a tile's O is released on both CTAs (the model: test_protocol_sm90's races).
     assert "release_slot<cfg::kWarpsPerConsumer>(bar(bars, kBarKEmpty + o_slot), true)" in source
