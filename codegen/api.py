@@ -82,7 +82,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, retu
         o, lse = _torch_op.compiled_attention(q, k, v, causal=causal, scale=scale, layout=layout, window=window,
                                     softcap=softcap, pv_split=pv_split, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                    max_seqlen_k=max_seqlen_k, tuning=tuning, deterministic=deterministic)
+                                    max_seqlen_k=max_seqlen_k, tuning=tuning, deterministic=deterministic,
+                                    check=check)
     elif _needs_grad(q, k, v):
         from .backward import differentiable_attention
 
@@ -129,6 +130,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "trace")
 MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
+# Varlen launchers apart: a packed length or max length new each training step makes a launcher each (no
+# synchronization, ~0.1-0.2 ms of host time), which must not push out the fixed-length ones.
+MAX_VARLEN_LAUNCHERS = 64
+_VARLEN_LAUNCHERS: dict = {}
 
 
 def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True, sinks=None,
@@ -139,7 +144,6 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
 
     varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k). The offsets are read on the host (and
     checked) only with `check` or where a max length is missing; the max lengths are part of the tuple."""
-    offsets = ()
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
         read = check or max_q is None or max_k is None
@@ -155,8 +159,8 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
         if varlen is not None:
             key += (cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device, cu_k.shape, cu_k.stride(), cu_k.dtype,
                     cu_k.device, max_q, max_k)
-            offsets = (cu_q.data_ptr(), cu_k.data_ptr())
-        launcher = _LAUNCHERS.get(key)
+        cache, limit = (_LAUNCHERS, MAX_LAUNCHERS) if varlen is None else (_VARLEN_LAUNCHERS, MAX_VARLEN_LAUNCHERS)
+        launcher = cache.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
@@ -166,7 +170,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
                              pv_split=pv_split, tuning=tuning, sinks=sinks, read_offsets=False, **lengths)
         if call.spec.arch != "sm_90a":  # Blackwell: no cached launcher yet, every call prepared (and checked)
             prepared = prepare(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
-                               pv_split=pv_split, sinks=sinks, **lengths, **tuning)
+                               pv_split=pv_split, sinks=sinks, check=False, **lengths, **tuning)
             prepared()
             return prepared.o, prepared.lse if return_lse else None
         built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
@@ -176,9 +180,9 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
                             _grid(call, built.plan, q.device, kernel), q.device)
         launcher.lse_shape = call.lse_shape
         if key is not None:
-            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
-                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
-            _LAUNCHERS[key] = launcher
+            if len(cache) >= limit:
+                cache.pop(next(iter(cache)))
+            cache[key] = launcher
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                     (sinks is not None and sinks.requires_grad)):
         raise InputError(NO_BACKWARD)
@@ -192,7 +196,11 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
             _check_sinks(sinks, q, sinks.shape[0])
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(launcher.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
-    launcher(_current_stream(q.device), qp, kp, vp, o.data_ptr(), lse.data_ptr() if return_lse else 0, sp, *offsets)
+    stream, lp = _current_stream(q.device), lse.data_ptr() if return_lse else 0
+    if varlen is None:
+        launcher(stream, qp, kp, vp, o.data_ptr(), lp, sp)
+    else:
+        launcher(stream, qp, kp, vp, o.data_ptr(), lp, sp, cu_q.data_ptr(), cu_k.data_ptr())
     return o, lse
 
 
@@ -237,13 +245,14 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
             sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
             tile_overlap: bool | None = None, multicast: bool | None = None, short_tail: bool = True,
             trace: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
-            max_seqlen_k: int | None = None) -> PreparedAttention:
+            max_seqlen_k: int | None = None, check: bool = True) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
     pv_split, block_n, stages, pingpong, persistent, tile_overlap, multicast and short_tail are the tuning knobs
     of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
     measured choices of codegen.policy. `sinks` as in `attention`. With cu_seqlens (see `attention`) the sequence offsets are
-    copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer.
+    copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer;
+    `check=False` with both max lengths leaves them unread, as `attention()` does by default.
     """
     _require_torch("codegen.prepare()")
     import torch
@@ -254,7 +263,8 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
                   tile_overlap=tile_overlap, multicast=multicast, short_tail=short_tail, trace=trace)
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                          pv_split=pv_split, tuning=tuning, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
-                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         read_offsets=check or max_seqlen_q is None or max_seqlen_k is None)
     varlen = call.varlen
     built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
     plan = built.plan

@@ -82,8 +82,8 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 TRACED_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "short_tail")  # the op's arguments
-UNTRACED = ("a varlen batch without both max lengths (its offsets would be read on the host) or a knob the custom op "
-            f"does not take (it takes {', '.join(TRACED_KNOBS)})")
+UNTRACED = ("a varlen batch without both max lengths or with check=True (its offsets are read on the host) or a knob "
+            f"the custom op does not take (it takes {', '.join(TRACED_KNOBS)})")
 
 
 def _eager_attention(q, k, v, options):
@@ -98,18 +98,18 @@ except TypeError:  # a torch whose disable() takes no reason
 
 
 def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, cu_seqlens_q, cu_seqlens_k,
-                       max_seqlen_q, max_seqlen_k, tuning, deterministic=False):
+                       max_seqlen_q, max_seqlen_k, tuning, deterministic=False, check=False):
     """attention() as torch.compile sees it: the custom op; where q, k or v requires grad, the backward kernels'
     refusals are raised while tracing, before anything runs. A variable-length batch goes in the op given both max
-    lengths (its offsets are never read); without them, or with a knob the op does not take, the call breaks the
-    graph and runs eagerly (`fullgraph=True` refuses that, saying why)."""
+    lengths (its offsets are never read); without them, with check=True, or with a knob the op does not take, the
+    call breaks the graph and runs eagerly (`fullgraph=True` refuses that, saying why)."""
     varlen = any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if (varlen and (cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None)
-            or set(tuning) - set(TRACED_KNOBS)):
+    if (varlen and (check or cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None
+                    or max_seqlen_k is None) or set(tuning) - set(TRACED_KNOBS)):
         return _eager_attention(q, k, v, dict(
             causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split, sinks=sinks,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k, deterministic=deterministic, **tuning))
+            max_seqlen_k=max_seqlen_k, deterministic=deterministic, check=check, **tuning))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         backward.check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap,
                                       sinks=sinks, deterministic=deterministic, refusal_of=_traced_refusal)

@@ -292,7 +292,7 @@ def test_unread_offsets_need_positive_int_max_lengths(max_len):
         attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=max_len)
 
 
-@pytest.mark.parametrize("tuning", [{}, {"persistent": True}])
+@pytest.mark.parametrize("tuning", [{"persistent": False}, {"persistent": True}])
 def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monkeypatch):
     """attention()'s cached varlen launcher and prepare() pass the kernel the same arguments, but for the per-call
     outputs and the tile counter; the launcher writes each call's offsets and o by address (CPU, faked launch)."""
@@ -308,7 +308,7 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
     monkeypatch.setattr(api, "_loaded", lambda key: (SimpleNamespace(plan=make_plan(key.spec), spec=key.spec),
                                                      SimpleNamespace(dynamic_smem=0, context_handle=1, function_handle=2)))
-    monkeypatch.setattr(api, "_LAUNCHERS", {})
+    monkeypatch.setattr(api, "_VARLEN_LAUNCHERS", {})
     monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
         repr((params, address)).encode()).digest() * 2)
     monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
@@ -325,7 +325,7 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     options = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=300, causal=True, **tuning)
     for cu_q in (cu, cu.clone()):  # a second call: new offsets and o, the same launcher
         o, lse = attention(t, k, k, return_lse=True, **dict(options, cu_seqlens_q=cu_q))
-        (call,) = api._LAUNCHERS.values()
+        (call,) = api._VARLEN_LAUNCHERS.values()
         names = call.built.plan.abi.names
         fast = values(call._args, names)
         prepared = api.prepare(t, k, k, **dict(options, cu_seqlens_q=cu_q))

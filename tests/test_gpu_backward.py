@@ -319,10 +319,10 @@ def test_varlen_with_max_lengths_trains_without_a_synchronization():
     given = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(RAGGED), max_seqlen_k=max(RAGGED), causal=True)
     grads_by_autograd(q, k, v, do, **given)  # the first step compiles and loads both directions
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    poison_free_memory(q, k, v)
     torch.cuda.set_sync_debug_mode("error")
     try:
         o = attention(*leaves, **given)
+        poison_free_memory(q, k, v)  # the gradients' blocks, after o took its own
         o.backward(do)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -199,14 +199,20 @@ def packed_batch(lengths, heads, kv_heads, **options):
                          return_lse=True, **options)
 
 
-@pytest.mark.parametrize("causal, tuning", [(False, {}), (True, {}), (True, {"persistent": True})])
+@pytest.mark.parametrize("causal, tuning", [(False, {}), (True, {"persistent": False}), (True, {"persistent": True})])
 def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal, tuning):
     """Given both max lengths, a varlen call neither reads nor checks its offsets: no synchronization (torch's sync
     debug mode raises on one), the same launcher for new lengths under the same max, every output right."""
+    from codegen import api
+
+    launchers = []
     for lengths in ORDERS:
         q, k, v, kwargs = packed_batch(lengths, 8, 2, causal=causal, **tuning)
         attention(q, k, v, **kwargs)  # the first call may compile and load
-        torch.empty_like(q).fill_(float("nan"))  # freed: the allocator hands the poisoned block to the next o
+        launchers.append({id(x) for x in api._VARLEN_LAUNCHERS.values()})
+        # Freed: the allocator hands the poisoned blocks to the next o and lse.
+        torch.empty_like(q).fill_(float("nan"))
+        torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device="cuda").fill_(float("nan"))
         torch.cuda.set_sync_debug_mode("error")
         try:
             o, lse = attention(q, k, v, **kwargs)
@@ -214,6 +220,7 @@ def test_varlen_calls_with_max_lengths_never_synchronize_and_stay_correct(causal
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         assert_varlen_matches(q, k, v, kwargs["cu_seqlens_q"], kwargs["cu_seqlens_k"], o, lse, causal=causal)
+    assert launchers[1] <= launchers[0] and launchers[2] <= launchers[0], "new lengths made a new launcher"
     torch.cuda.set_sync_debug_mode("error")
     try:
         with pytest.raises(RuntimeError, match="synchroniz"):  # check=True reads the offsets: a synchronization
