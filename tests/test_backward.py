@@ -377,6 +377,8 @@ def test_torch_compile_traces_training_and_raises_the_backwards_refusals():
         traced_varlen(128, True, max_seqlen_q=100)
     with pytest.raises(InputError, match="CUDA device"):
         traced(128, False, multicast=True)
+    with pytest.raises(Exception, match="with check=True .* runs eagerly"):  # the offsets read: not in the graph
+        traced_varlen(128, True, max_seqlen_q=100, max_seqlen_k=100, check=True)
     with pytest.raises(InputError, match="backward: head_dim 192: the backward of variable-length"):
         traced_varlen(192, False, max_seqlen_q=100, max_seqlen_k=100)
 
