@@ -136,6 +136,12 @@ MAX_VARLEN_LAUNCHERS = 64
 _VARLEN_LAUNCHERS: dict = {}
 
 
+def reads_offsets(check: bool, max_seqlen_q, max_seqlen_k) -> bool:
+    """Whether a varlen call copies its offsets to the host (a synchronization): to check them, or to find a max
+    length it was not given."""
+    return bool(check) or max_seqlen_q is None or max_seqlen_k is None
+
+
 def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, return_lse=True, sinks=None,
           varlen=None, check=False):
     """One call: (o, lse), lse None unless return_lse (the kernel then skips it). The launcher for these shapes,
@@ -146,8 +152,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
     checked) only with `check` or where a max length is missing; the max lengths are part of the tuple."""
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
-        read = check or max_q is None or max_k is None
-        if read:  # a synchronization: the longest lengths come from the offsets, which are checked
+        if reads_offsets(check, max_q, max_k):  # a synchronization: the longest lengths come from the offsets, which are checked
             shape = _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k)
             max_q, max_k = shape.max_seq_q, shape.max_seq_k
         varlen = (cu_q, cu_k, max_q, max_k)
@@ -159,7 +164,8 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
         if varlen is not None:
             key += (cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device, cu_k.shape, cu_k.stride(), cu_k.dtype,
                     cu_k.device, max_q, max_k)
-        cache, limit = (_LAUNCHERS, MAX_LAUNCHERS) if varlen is None else (_VARLEN_LAUNCHERS, MAX_VARLEN_LAUNCHERS)
+        cache, limit = ((_LAUNCHERS, MAX_LAUNCHERS) if varlen is None else
+                        (_VARLEN_LAUNCHERS, MAX_VARLEN_LAUNCHERS))
         launcher = cache.get(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
         key, launcher = None, None
@@ -264,7 +270,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                          pv_split=pv_split, tuning=tuning, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                         read_offsets=check or max_seqlen_q is None or max_seqlen_k is None)
+                         read_offsets=reads_offsets(check, max_seqlen_q, max_seqlen_k))
     varlen = call.varlen
     built, kernel = _loaded(KernelKey(call.spec, q.device.index or 0))
     plan = built.plan

@@ -158,7 +158,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
     with torch.no_grad():
         if varlen:
             shape = api._check_varlen_inputs(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                             read_offsets=max_seqlen_q is None or max_seqlen_k is None)
+                                             read_offsets=api.reads_offsets(False, max_seqlen_q, max_seqlen_k))
             lse_shape = (shape.heads, shape.seq_q)
         else:
             shape = _check_inputs(q, k, v, layout)
@@ -271,8 +271,8 @@ def differentiable_attention(q, k, v, *, causal, scale, layout, window, softcap,
     if varlen is None:
         _check_inputs(q.detach(), k.detach(), v.detach(), layout)
     else:
-        read = check or varlen[2] is None or varlen[3] is None
-        shape = api._check_varlen_inputs(q.detach(), k.detach(), v.detach(), layout, *varlen, read_offsets=read)
+        shape = api._check_varlen_inputs(q.detach(), k.detach(), v.detach(), layout, *varlen,
+                                         read_offsets=api.reads_offsets(check, varlen[2], varlen[3]))
         varlen = (varlen[0], varlen[1], shape.max_seq_q, shape.max_seq_k)
     # Fixed lengths: every refusal of the spec; varlen (3-D tensors): the sinks' only, the spec's below.
     check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap, sinks=sinks,

@@ -104,8 +104,9 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
     lengths (its offsets are never read); without them, with check=True, or with a knob the op does not take, the
     call breaks the graph and runs eagerly (`fullgraph=True` refuses that, saying why)."""
     varlen = any(x is not None for x in (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if (varlen and (check or cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None
-                    or max_seqlen_k is None) or set(tuning) - set(TRACED_KNOBS)):
+    unread = cu_seqlens_q is not None and cu_seqlens_k is not None and not api.reads_offsets(check, max_seqlen_q,
+                                                                                               max_seqlen_k)
+    if (varlen and not unread) or set(tuning) - set(TRACED_KNOBS):
         return _eager_attention(q, k, v, dict(
             causal=causal, scale=scale, layout=layout, window=window, softcap=softcap, pv_split=pv_split, sinks=sinks,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
