@@ -152,7 +152,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
     checked) only with `check` or where a max length is missing; the max lengths are part of the tuple."""
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
-        if reads_offsets(check, max_q, max_k):  # a synchronization: the longest lengths come from the offsets, which are checked
+        if reads_offsets(check, max_q, max_k):  # a synchronization; the max lengths come from checked offsets
             shape = _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k)
             max_q, max_k = shape.max_seq_q, shape.max_seq_k
         varlen = (cu_q, cu_k, max_q, max_k)
