@@ -129,6 +129,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
 TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "trace")
 MAX_LAUNCHERS = 256
+VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")  # a varlen tuple's names, in order
 _LAUNCHERS: dict = {}
 # Varlen launchers apart: a packed length or max length new each training step makes a launcher each (no
 # synchronization, ~0.1-0.2 ms of host time), which must not push out the fixed-length ones.
@@ -170,8 +171,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
     except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
-        lengths = {} if varlen is None else dict(zip(("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
-                                                     varlen))
+        lengths = {} if varlen is None else dict(zip(VARLEN_ARGS, varlen))
         call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                              pv_split=pv_split, tuning=tuning, sinks=sinks, read_offsets=False, **lengths)
         if call.spec.arch != "sm_90a":  # Blackwell: no cached launcher yet, every call prepared (and checked)

@@ -22,7 +22,6 @@ from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
 MAX_LAUNCHERS = 64
-VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 _LAUNCHERS: dict = {}
 
 
@@ -211,7 +210,7 @@ def _function():
             dq, dk, dv = attention_backward(q, k, v, o, lse, do, causal=opt["causal"], scale=opt["scale"],
                                             window=opt["window"], softcap=opt["softcap"], layout=opt["layout"],
                                             deterministic=opt["deterministic"],
-                                            **dict(zip(VARLEN_ARGS, opt["varlen"] or ())))
+                                            **dict(zip(api.VARLEN_ARGS, opt["varlen"] or ())))
             return dq, dk, dv, None
 
     return AttentionFunction
