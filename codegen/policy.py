@@ -201,8 +201,8 @@ POLICY: tuple[Choice, ...] = (
          (), "v33",
          "the pair needs fixed lengths and key ranges that start together (the spec checks)"),
     _row("multicast", False, OTHERWISE,
-         (), "v33",
-         "not measured yet"),
+         "ab-20261205T1145Z-multicast-h100.md", ("v33", "v34"),
+         "slower everywhere (H100): pairs 0.956x-1.098x vs 1.143x-1.251x unpaired on the long rows; sharing costs"),
 
     # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
     _row("persistent", False, (is_("multicast"), not_("pairs_alike")),
