@@ -494,9 +494,9 @@ def test_multicast_pairs_query_tiles_in_clusters_of_two():
 
 
 def test_persistent_pairs_take_alike_tiles_at_a_fixed_stride():
-    spec = resolve(KernelSpec(seq_len=4096, heads=32, head_dim=128, dtype="bf16", multicast=True))
+    spec = resolve(KernelSpec(seq_len=4096, heads=32, head_dim=128, dtype="bf16", multicast=True, persistent=True))
     plan = make_plan(spec)
-    assert spec.persistent and spec.name.endswith("_persist_mc")  # the policy's persistence where tiles are alike
+    assert spec.name.endswith("_persist_mc")
     # No counter (one index cannot go to a whole cluster): tiles blockIdx.x, + gridDim.x, ... in both CTAs.
     assert "tile_counter" not in plan.abi.names and {"tiles_m", "batches"} <= set(plan.abi.names)
     assert not plan.abi.grid.counter and plan.abi.grid.cluster_dims == (2, 1, 1)
@@ -615,7 +615,7 @@ def test_next_q_prefetch_only_for_short_tiles():
     kernels without a window."""
     for keys, expected in ((512, True), (1024, True), (4096, False)):
         for overlap in (True, False):
-            plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128, tile_overlap=overlap))
+            plan = make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=128, tile_overlap=overlap, persistent=True))
             assert plan.tile_overlap is overlap
             assert plan.prefetch_next_q is expected
             assert f"constexpr bool kPrefetchQ = {str(expected).lower()};" in render(plan).source
@@ -632,18 +632,28 @@ def test_tile_boundary_default(head_dim, keys, overlap):
     """tile_overlap=None takes the measured boundary (bench/LOG.md v17): at D=128 O is stored after the last PV up
     to 2048 keys and under the next tile's first QK beyond; below D=128 always under the next QK. An explicit
     value wins, and the kernel's name says when the overlap is off."""
-    spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim))
+    spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, persistent=True))  # per-tile from 4096 (v35)
     assert spec.tile_overlap is overlap and make_plan(spec).tile_overlap is overlap
     assert spec.name.endswith("_persist" if overlap else "_persist_noovl")
     header = render(make_plan(spec)).source.split("// Every shared-memory layout number", 1)[0]
     assert ("stored while the next tile's first QK^T runs" if overlap else "stored after its last PV") in header
-    forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap))
+    forced = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, tile_overlap=not overlap, persistent=True))
     assert make_plan(forced).tile_overlap is (not overlap)
     # Where no overlap is possible the default changes nothing, and the name stays plain.
     for other in (dict(persistent=False), dict(causal=True), dict(window=(256, -1)), dict(varlen=True),
                   dict(causal=True, persistent=True), dict(window=(256, -1), persistent=True)):
         spec = resolve(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, **other))
         assert not make_plan(spec).tile_overlap and "_noovl" not in spec.name
+
+
+def test_long_dense_rows_take_per_tile_grids():
+    """bench/LOG.md v35: one CTA per query tile from 4096 keys at D=128; persistent CTAs below that, at the other
+    head dims, and for varlen batches (their own row)."""
+    assert not resolve(KernelSpec(seq_len=4096, heads=8, head_dim=128)).persistent
+    assert not resolve(KernelSpec(seq_len=1024, seq_len_k=8192, heads=8, head_dim=128)).persistent  # keys decide
+    assert resolve(KernelSpec(seq_len=2048, heads=8, head_dim=128)).persistent
+    assert resolve(KernelSpec(seq_len=4096, heads=8, head_dim=64)).persistent
+    assert resolve(KernelSpec(seq_len=4096, heads=8, head_dim=128, varlen=True)).persistent
 
 
 def test_causal_tiles_dispatch_longest_first_in_l2_sections():

@@ -388,7 +388,7 @@ def test_persistent_pairs_fill_the_resident_clusters():
     from codegen import driver
 
     q = torch.randn(2, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
-    call = prepare(q, q, q, multicast=True)
+    call = prepare(q, q, q, multicast=True, persistent=True)
     assert call.spec.multicast and call.spec.persistent and call.tile_counter is None
     clusters = driver.resident_clusters(call.kernel, call.built.plan.threads, 2)
     assert 1 <= clusters <= torch.cuda.get_device_properties(0).multi_processor_count // 2
@@ -402,9 +402,10 @@ def test_persistent_pairs_fill_the_resident_clusters():
         failure = check.accuracy_failure(call.o, ref_o, same_dtype, floor=0.0)
         assert failure is None, failure
     for causal in (False, True):  # attention()'s cached launcher, persistent pairs and one tile per CTA
-        expected = prepare(q, q, q, causal=causal, multicast=True)
+        knobs = dict(multicast=True, persistent=None if causal else True)
+        expected = prepare(q, q, q, causal=causal, **knobs)
         expected()
-        assert torch.equal(attention(q, q, q, causal=causal, multicast=True), expected.o)
+        assert torch.equal(attention(q, q, q, causal=causal, **knobs), expected.o)
 
 
 def test_multicast_launches_clusters_of_two():
