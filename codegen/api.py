@@ -563,8 +563,8 @@ def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k, read_offsets
     return Shape(batch, total_q, total_k, heads, kv_heads, dim, lengths["cu_seqlens_q"], lengths["cu_seqlens_k"])
 
 
-def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
-    """The rules every input tensor obeys: type, rank, dtype, device, no grad, TMA-expressible strides."""
+def check_kinds(q, k, v, *, rank: int, dims: str) -> None:
+    """Type, rank and dtype: the rules that read no size, so torch.compile's trace runs them too (torch_op)."""
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -577,6 +577,13 @@ def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
                              + ", ".join(f"torch.{d}" for d in BY_TORCH_NAME))
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_tensors(q, k, v, *, rank: int, dims: str) -> None:
+    """The rules every input tensor obeys: type, rank, dtype, device, no grad, TMA-expressible strides."""
+    import torch
+
+    check_kinds(q, k, v, rank=rank, dims=dims)
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):

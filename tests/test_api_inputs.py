@@ -338,3 +338,40 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
                         "lse_out": lse.data_ptr()}
         assert o.shape == t.shape and lse.shape == (4, 400)
     assert len(launches) == 2 and launches[-1][1:4] == call.grid
+
+
+
+def _compiled(fullgraph: bool, dynamic=None, **options):
+    def call(q, k, v):
+        torch._dynamo.reset()
+        return torch.compile(lambda q, k, v: attention(q, k, v, **options), fullgraph=fullgraph, dynamic=dynamic,
+                             backend="eager")(q, k, v)
+    return call
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=("static", "dynamic"))
+@pytest.mark.parametrize("make, options, message", [
+    (lambda: qkv(dtype=torch.float32), {}, "float32"),
+    (lambda: [qkv()[0], qkv()[1].bfloat16(), qkv()[2]], {}, "one dtype"),
+    (lambda: [t[0] for t in qkv()], {}, r"rank 4 \(B, S, H, D\)"),
+    (lambda: [t[0] for t in qkv()], {"layout": "bhsd"}, r"rank 4 \(B, H, S, D\)"),
+    (lambda: qkv(), {"cu_seqlens_q": torch.tensor([0, 128], dtype=torch.int32),
+                     "cu_seqlens_k": torch.tensor([0, 128], dtype=torch.int32),
+                     "max_seqlen_q": 128, "max_seqlen_k": 128}, r"rank 3 \(total, H, D\)"),
+], ids=("dtype", "mixed-dtypes", "rank", "rank-bhsd", "rank-varlen"))
+def test_torch_compile_refuses_a_wrong_rank_or_dtype_while_tracing(make, options, message, dynamic):
+    # Rank and dtype are never symbolic, so the trace refuses them (before: a rank-2 q failed inside the op's fake
+    # implementation with an IndexError, a float32 one traced). Without fullgraph the frame falls back to eager,
+    # which raises the same InputError; with fullgraph=True dynamo's own error carries it.
+    q, k, v = make()
+    with pytest.raises(InputError, match=message):
+        _compiled(False, dynamic, **options)(q, k, v)
+    with pytest.raises(Exception, match=f"InputError.*{message}"):
+        _compiled(True, dynamic, **options)(q, k, v)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=("static", "dynamic"))
+def test_torch_compile_traces_a_good_call_to_the_op(dynamic):
+    # No graph break before the op (on the CPU it has no kernel: NotImplementedError names it).
+    with pytest.raises(NotImplementedError, match="flashgen::attention"):
+        _compiled(True, dynamic)(*qkv())
