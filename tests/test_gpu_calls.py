@@ -103,6 +103,16 @@ def test_torch_compile_fullgraph_matches_eager():
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_torch_compile_refuses_a_bad_shape_when_the_op_runs(fullgraph):
+    # Sizes are not read while tracing (a symbolic size would be pinned); the op's run checks them before its
+    # launch, so the compiled call's first run raises attention()'s InputError, and o is never written.
+    q, k, v = (rand(1, 256, 4, 80) for _ in range(3))
+    torch._dynamo.reset()
+    with pytest.raises(InputError, match="head_dim 80 is not supported"):
+        torch.compile(lambda q, k, v: attention(q, k, v), fullgraph=fullgraph, backend="eager")(q, k, v)
+
+
 def test_cuda_graph_replays_with_refilled_inputs():
     q, k, v = (rand(1, 1024, 16, 128) for _ in range(3))
     attention(q, k, v)  # compiled, loaded and the launcher made before capture
