@@ -130,6 +130,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "trace")
 MAX_LAUNCHERS = 256
 VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")  # a varlen tuple's names, in order
+PACKED_DIMS = "total, H, D"  # a variable-length batch's tensors, as errors name their dimensions
 _LAUNCHERS: dict = {}
 # Varlen launchers apart: a packed length or max length new each training step makes a launcher each (no
 # synchronization, ~0.1-0.2 ms of host time), which must not push out the fixed-length ones.
@@ -194,7 +195,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
         raise InputError(NO_BACKWARD)
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if (qp | kp | vp) % 16:  # raises the alignment error for the tensor at fault
-        _check_inputs(q, k, v, layout) if varlen is None else _check_tensors(q, k, v, rank=3, dims="total, H, D")
+        _check_inputs(q, k, v, layout) if varlen is None else _check_tensors(q, k, v, rank=3, dims=PACKED_DIMS)
     sp = 0
     if sinks is not None:
         sp = sinks.data_ptr()
@@ -277,7 +278,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     if out is not None:  # the same shape, dtype, device and stride rules as the inputs
         if varlen:
-            _check_tensors(q, q, out, rank=3, dims="total, H, D")
+            _check_tensors(q, q, out, rank=3, dims=PACKED_DIMS)
         else:
             _check_inputs(q, q, out, layout)
         if out.shape != q.shape:
@@ -474,7 +475,7 @@ def _length_bucket(n: int) -> int:
 def _check_inputs(q, k, v, layout: str) -> Shape:
     if layout not in LAYOUTS:
         raise InputError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    _check_tensors(q, k, v, rank=4, dims="B, S, H, D" if layout == "bshd" else "B, H, S, D")
+    _check_tensors(q, k, v, rank=4, dims=layout_dims(layout))
 
     def bshd(t):
         return tuple(t.shape) if layout == "bshd" else (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
@@ -509,7 +510,7 @@ def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k, read_offsets
     if layout != "bshd":
         raise InputError(f"variable-length batches take packed (total, H, D) tensors; layout={layout!r} does not "
                          "apply (leave it at its default)")
-    _check_tensors(q, k, v, rank=3, dims="total, H, D")
+    _check_tensors(q, k, v, rank=3, dims=PACKED_DIMS)
     (total_q, heads, dim), (total_k, kv_heads, dim_k) = tuple(q.shape), tuple(k.shape)
     if dim_k != dim:
         raise InputError(f"q and k must agree on the head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
@@ -561,6 +562,11 @@ def _check_varlen_inputs(q, k, v, layout, cu_q, cu_k, max_q, max_k, read_offsets
     if batch > MAX_GRID_YZ:
         raise InputError(f"at most {MAX_GRID_YZ} sequences per batch (grid limits), got {batch}")
     return Shape(batch, total_q, total_k, heads, kv_heads, dim, lengths["cu_seqlens_q"], lengths["cu_seqlens_k"])
+
+
+def layout_dims(layout: str) -> str:
+    """A rank-4 tensor's dimensions in `layout`, as errors name them."""
+    return "B, S, H, D" if layout == "bshd" else "B, H, S, D"
 
 
 def check_kinds(q, k, v, *, rank: int, dims: str) -> None:
