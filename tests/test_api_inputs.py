@@ -340,7 +340,6 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     assert len(launches) == 2 and launches[-1][1:4] == call.grid
 
 
-
 def _compiled(fullgraph: bool, dynamic=None, **options):
     def call(q, k, v):
         torch._dynamo.reset()

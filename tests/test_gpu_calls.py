@@ -106,7 +106,7 @@ def test_torch_compile_fullgraph_matches_eager():
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_torch_compile_refuses_a_bad_shape_when_the_op_runs(fullgraph):
     # Sizes are not read while tracing (a symbolic size would be pinned); the op's run checks them before its
-    # launch, so the compiled call's first run raises attention()'s InputError, and o is never written.
+    # launch, so the compiled call's first run raises attention()'s InputError.
     q, k, v = (rand(1, 256, 4, 80) for _ in range(3))
     torch._dynamo.reset()
     with pytest.raises(InputError, match="head_dim 80 is not supported"):
