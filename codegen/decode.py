@@ -19,7 +19,7 @@ from layouts.dtypes import BY_TORCH_NAME
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
 from .families.decode_sm90 import DecodeSpec, Plan, resolve
-from .families.decode_sm90.plan import CTAS_PER_SM, MAX_CLUSTER_SPLITS, MAX_SPLITS, gather_by_default
+from .families.decode_sm90.plan import CTAS_PER_SM, HEAD_PACKS, MAX_CLUSTER_SPLITS, MAX_SPLITS, gather_by_default
 from .families.fwd_sm90.abi import LOG2E
 from .spec import SpecError
 
@@ -40,7 +40,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
                            softcap: float = 0.0, sinks=None, return_lse: bool = False, num_splits: int = 0,
                            out=None, check: bool = False, block_n: int = 0, stages: int = 0, gather: bool | None = None,
-                           ctas_per_sm: int = 0, pdl: bool = True, swap: bool | None = None):
+                           ctas_per_sm: int = 0, pdl: bool = True, swap: bool | None = None, head_pack: int = 0):
     """Attention of q (B, S_q, H, D) over each sequence's cache: k_cache, v_cache (B_cache, S_max, H_kv, D),
     B_cache >= B, sequence b's first cache_seqlens[b] rows (an int32 (B,) tensor on q's device). Paged: k_cache,
     v_cache (num_pages, page_size, H_kv, D) with page_size a power of two in 1..256 (1-row pages at D=96 only gathered), and
@@ -66,6 +66,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14). `swap` (None: chosen)
     True runs the swapped products (S^T = K Q^T, O^T = V^T P^T: the packed rows as wgmma's N, for tiles of up to
     16 rows), False the plain ones (the rows as wgmma's M of 64); chosen where they apply (bench/LOG.md d18).
+    `head_pack` (0: chosen) 2 has each CTA take two adjacent K/V heads of a dense cache, loaded by one box (256-byte
+    pieces of each key's row at D=64; choose_head_pack), 1 one head.
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -83,14 +85,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                                 page_table.device),
                bool(causal), scale, None if window is None else tuple(window), float(softcap),
                None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather, ctas_per_sm, bool(pdl), swap)
+               gather, ctas_per_sm, bool(pdl), swap, head_pack)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
     if launcher is None:
         launcher = _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale,
                                   window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm,
-                                  bool(pdl), swap)
+                                  bool(pdl), swap, head_pack)
         if key is not None:
             if len(_LAUNCHERS) >= MAX_LAUNCHERS:
                 _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
@@ -122,6 +124,12 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
     waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
     return 2 if spec.fits_two_ctas and splits == 1 and tiles >= sms and waves_ok else 1
+
+
+def choose_head_pack(spec: DecodeSpec) -> int:
+    """K/V heads per tile: one, until two are measured against it on the target (bench/LOG.md d23)."""
+    del spec
+    return 1
 
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
@@ -275,7 +283,8 @@ def _loaded(spec: DecodeSpec, device_index: int):
 
 
 def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
-                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True, swap=None) -> DecodeLauncher:
+                   sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl=True, swap=None,
+                   head_pack=0) -> DecodeLauncher:
     """Every check of a new call signature, then its kernel and launcher; InputError before any launch."""
     import torch
 
@@ -311,6 +320,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(f"ctas_per_sm must be 0 (chosen for the shape) or one of {CTAS_PER_SM}, got {ctas_per_sm!r}")
     if swap not in (None, True, False):
         raise InputError(f"swap must be True, False or None (chosen for the shape), got {swap!r}")
+    if type(head_pack) is not int or head_pack not in (0,) + HEAD_PACKS:
+        raise InputError(f"head_pack must be 0 (chosen for the shape) or one of {HEAD_PACKS}, got {head_pack!r}")
     if q.device.type != "cuda":
         raise InputError(f"the inputs are on {q.device}; flashgen kernels run on a CUDA device")
     try:
@@ -321,7 +332,10 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                           dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                           window=tuple(window) if window else (-1, -1), softcap=float(softcap), block_n=block_n,
                           stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
-                          ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap))
+                          ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap),
+                          head_pack=head_pack or 1)
+        if not head_pack:
+            spec = spec.replace(head_pack=choose_head_pack(spec))
         one_cta = resolve(spec.replace(ctas_per_sm=1))
         plan = Plan(one_cta)
         if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:

@@ -68,12 +68,17 @@ class TensorMapRecipe:
     dims_symbolic: tuple
     strides_symbolic: tuple
     l2_promotion_bytes: int = L2_PROMOTION_BYTES
+    head_pack: int = 1        # heads one box spans: tile row p * key + h is head `head + h` of key `seq_start + key`
 
     def instantiate(self, *, batch: int, seq_len: int, heads: int, stride_b: int, stride_s: int,
                     stride_h: int, base_address: int = 0) -> TensorMapParams:
         """The cuTensorMapEncodeTiled arguments for a (B, S, H, D) tensor; strides in elements."""
         e, a, d_blocks = self.elem_bytes, self.atom_cols, self.col_blocks
-        if self.kind == "row_tiles":
+        if self.kind == "row_tiles" and self.head_pack > 1:
+            # Heads innermost after the atom's columns: a box walks a key's heads, then the next key.
+            dims = (a, heads, seq_len, d_blocks, batch)
+            strides = (stride_h * e, stride_s * e, a * e, stride_b * e)
+        elif self.kind == "row_tiles":
             dims = (a, seq_len, d_blocks, heads, batch)
             strides = (stride_s * e, a * e, stride_h * e, stride_b * e)
         else:
@@ -87,7 +92,10 @@ class TensorMapRecipe:
                                self.swizzle.span_bytes, e, self.dtype, base_address, self.l2_promotion_bytes)
 
     def box_origin(self, *, batch_index: int, seq_start: int, head: int, seq_len: int) -> tuple:
-        """Tensor-map coordinates (innermost first) of the tile's first element."""
+        """Tensor-map coordinates (innermost first) of the tile's first element (with a head pack, `head` is the
+        pack's first head)."""
+        if self.kind == "row_tiles" and self.head_pack > 1:
+            return (0, head, seq_start, 0, batch_index)
         if self.kind == "row_tiles":
             return (0, seq_start, 0, head, batch_index)
         if seq_len % 8:
@@ -183,10 +191,12 @@ class OperandDerivation:
         if params.box_bytes != self.smem_bytes:
             found.append(Mismatch({}, self.smem_bytes, params.box_bytes, None, "tensor map box bytes"))
         row_name, col_name = self.coords_names
+        pack = self.tensor_map.head_pack
 
-        def global_address(c):
+        def global_address(c):  # tile row p * key + h: key seq_start + key of head `head + h`
+            key, h = c[row_name] // pack, c[row_name] % pack
             return params.global_address + self.elem_bytes * (
-                batch_index * stride_b + (seq_start + c[row_name]) * stride_s + head * stride_h + c[col_name])
+                batch_index * stride_b + (seq_start + key) * stride_s + (head + h) * stride_h + c[col_name])
 
         found += compare_maps(self.coords, self.layout.apply_flat,
                               lambda c: placed.smem_for_global(global_address(c)),
@@ -194,13 +204,14 @@ class OperandDerivation:
         return found
 
     def _verify_tensor_map(self) -> list[Mismatch]:
-        # A small tensor with every index non-trivial: tile 2 of batch 1, head 2, at an aligned base.
-        heads, batch, seq_len = 3, 2, 4 * self.block_rows
+        # A small tensor with every index non-trivial: tile 2 of batch 1, head (pack) 2 of 3 or more, at an aligned base.
+        pack = self.tensor_map.head_pack
+        heads, batch, seq_len = 3 * pack, 2, 4 * self.block_rows
         strides = dict(stride_h=self.head_dim, stride_s=heads * self.head_dim,
                        stride_b=seq_len * heads * self.head_dim)
         params = self.tensor_map.instantiate(batch=batch, seq_len=seq_len, heads=heads, base_address=1 << 20,
                                              **strides)
-        where = dict(batch_index=1, seq_start=2 * self.block_rows, head=2)
+        where = dict(batch_index=1, seq_start=2 * self.block_rows // pack, head=2 * pack)
         origin = self.tensor_map.box_origin(seq_len=seq_len, **where)
         return self.check_tensor_map(params, origin, **where, **strides)
 
@@ -364,10 +375,16 @@ def _tile_layouts(operand, arch, head_dim, rows, elem_bytes, swizzle):
     return layout, kind
 
 
-def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes, l2_promotion_bytes) -> TensorMapRecipe:
+def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes, l2_promotion_bytes,
+            head_pack: int = 1) -> TensorMapRecipe:
     e = elem_bytes
     a = swizzle.span_bytes // e
     d_blocks = head_dim // a
+    if kind == "row_tiles" and head_pack > 1:
+        return TensorMapRecipe(kind, 5, (a, head_pack, rows // head_pack, d_blocks, 1), nbytes, swizzle, dtype, e,
+                               head_dim, rows, a, d_blocks, (str(a), "H", "S", str(d_blocks), "B"),
+                               (f"stride_h*{e}", f"stride_s*{e}", str(a * e), f"stride_b*{e}"), l2_promotion_bytes,
+                               head_pack)
     if kind == "row_tiles":
         return TensorMapRecipe(kind, 5, (a, rows, d_blocks, 1, 1), nbytes, swizzle, dtype, e, head_dim, rows, a,
                                d_blocks, (str(a), "S", str(d_blocks), "H", "B"),
@@ -378,12 +395,18 @@ def _recipe(kind, swizzle, head_dim, rows, elem_bytes, dtype, nbytes, l2_promoti
 
 
 def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, dtype: str,
-                   l2_promotion_bytes: int = L2_PROMOTION_BYTES) -> OperandDerivation:
+                   l2_promotion_bytes: int = L2_PROMOTION_BYTES, head_pack: int = 1) -> OperandDerivation:
     """Derive and verify the staged tile of ``operand``; raises LayoutError on any rejection. `l2_promotion_bytes`
-    is its tensor map's L2 promotion (layouts.tma.TMA_L2_PROMOTION_NAMES)."""
+    is its tensor map's L2 promotion (layouts.tma.TMA_L2_PROMOTION_NAMES). `head_pack` > 1 stages a K or V tile of
+    that many adjacent heads from one box: its rows interleave them (row p * key + h; decode's two-head tiles)."""
     _check_spec(operand, arch, head_dim, block_rows, dtype)
     if l2_promotion_bytes not in TMA_L2_PROMOTION_NAMES:
         raise LayoutError(f"L2 promotion {l2_promotion_bytes} B: expected 0 (none), 64, 128 or 256")
+    if not isinstance(head_pack, int) or head_pack < 1 or block_rows % head_pack:
+        raise LayoutError(f"head_pack {head_pack!r}: a positive number of heads dividing block_rows {block_rows}")
+    if head_pack > 1 and (operand not in ("k", "v") or arch != "sm_90a"):
+        raise LayoutError(f"head_pack {head_pack}: only sm_90a's K and V row tiles interleave heads, not "
+                          f"{operand} on {arch}")
     e = DTYPE_BYTES[dtype]
     swizzle = widest_swizzle(head_dim * e)
     layout, kind = _tile_layouts(operand, arch, head_dim, block_rows, e, swizzle)
@@ -411,7 +434,7 @@ def derive_operand(operand: str, *, arch: str, head_dim: int, block_rows: int, d
         # The swizzle pattern repeats from these boundaries; a tile anywhere else is read shifted.
         smem_align=swizzle.repeat_bytes,
         swizzle=swizzle, mma_major=major, mma_transpose=transpose, mma_rows=rows, mma_k=mma_k,
-        tensor_map=_recipe(kind, swizzle, head_dim, block_rows, e, dtype, nbytes, l2_promotion_bytes),
+        tensor_map=_recipe(kind, swizzle, head_dim, block_rows, e, dtype, nbytes, l2_promotion_bytes, head_pack),
         descriptor_kind=ARCH_DESCRIPTOR_KIND[arch] if major else None, _slices=slices)
     mismatches = derivation.verify()
     if mismatches:

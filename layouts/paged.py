@@ -128,6 +128,9 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
     """The loads that fill `tile` (a K or V tile of block_rows keys) from `page_rows`-row pages, verified."""
     if tile.operand not in ("k", "v") or tile.tensor_map.kind != "row_tiles":
         raise LayoutError(f"{tile.operand}: paged loads are for K and V row tiles")
+    if tile.tensor_map.head_pack > 1:
+        raise LayoutError(f"{tile.operand}: paged loads fill one head's rows; a tile of {tile.tensor_map.head_pack} "
+                          "interleaved heads is loaded from a dense cache only")
     if page_rows & (page_rows - 1) or not MIN_PAGE_ROWS <= page_rows <= MAX_PAGE_ROWS:
         raise LayoutError(f"page size {page_rows}: a power of two in {MIN_PAGE_ROWS}..{MAX_PAGE_ROWS} (a TMA box "
                           f"holds at most {MAX_PAGE_ROWS} rows)")

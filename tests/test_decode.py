@@ -97,7 +97,7 @@ def test_tiles_of_few_rows_take_the_swapped_products_with_verified_reads():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(q_len=5), "at most 16 packed rows"), (dict(head_dim=96), "64-column"),
-                                        (dict(block_n=80), "64-key"), (dict(swap=1.5), "swap must be")])
+                                        (dict(block_n=80), "64-row windows"), (dict(swap=1.5), "swap must be")])
 def test_swapped_products_refuse_tiles_they_do_not_fit(bad, match):
     with pytest.raises(SpecError, match=match):
         resolve(DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=128, swap=True), **bad}))
@@ -562,3 +562,41 @@ def test_chosen_splits_shrink_until_every_tile_s_cluster_is_resident():
     assert fit_clusters(plan, 100, 2, resident) == 1   # no cluster size fits: one split, no cluster
     assert fit_clusters(plan, 16, 16, resident) == 16  # not a cluster launch: unchanged
     assert fit_clusters(plan, 16, 1, resident) == 1
+
+
+def test_two_head_tiles_halve_the_grid_and_keep_a_slots_bytes():
+    one, two = plan_of(heads=32, kv_heads=8, head_dim=64), plan_of(heads=32, kv_heads=8, head_dim=64, head_pack=2)
+    assert two.spec.name.endswith("_swap_hp2") and two.spec.swap and (two.spec.block_n, two.tile_rows) == (64, 128)
+    assert two.spec.rows == 8 and two.spec.head_rows == 4 and two.swap_n == one.swap_n == 8  # both heads in N = 8
+    assert two.k.smem_bytes == one.k.smem_bytes == 128 * 128 and two.v.smem_bytes == one.v.smem_bytes
+    assert two.grid(32, 3) == (3, 4, 32) and one.grid(32, 3) == (3, 8, 32)
+    assert two.abi.grid.describe("splits", "batch")["y"] == "packs of 2 K/V heads x row tiles = 4 x 1"
+    # S^T's M windows and P^T's K run over the tile's 128 interleaved rows
+    assert [r.row0 for r in two.k_as_a] == [0, 64] and two.pt.coords == {"n": 8, "k": 128}
+    assert two.k.tensor_map.head_pack == 2 and two.k.tensor_map.box == (64, 2, 64, 1, 1)
+    assert plan_of(heads=32, kv_heads=8, head_dim=64, head_pack=2, ctas_per_sm=2).spec.block_n == 64
+    source = build(two.spec, family="decode_sm90").rendered.source
+    assert "constexpr int kHeadPack = 2, kHeadRows = 4, kTileRows = 128;" in source
+    assert "t % cfg::kHeadPack != n / cfg::kHeadRows" in source  # the other head's scores are masked
+
+
+@pytest.mark.parametrize("bad, match", [(dict(heads=12, kv_heads=3), "do not divide"),
+                                        (dict(page_size=16), "dense cache"), (dict(swap=False), "swapped products"),
+                                        (dict(head_pack=4), "head_pack must be")])
+def test_two_head_tiles_refuse_what_they_cannot_load(bad, match):
+    with pytest.raises(SpecError, match=match):
+        DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=64, head_pack=2), **bad})
+
+
+def test_two_head_tiles_of_more_rows_than_the_swapped_products_take_are_refused():
+    with pytest.raises(SpecError, match="at most 16 packed rows"):
+        resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=64, q_len=3, head_pack=2))  # 2 x 12 rows
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(ctas_per_sm=2), dict(q_len=2, window=(100, -1), softcap=30.0),
+                                dict(heads=16, head_dim=128, dtype="f16")])
+def test_two_head_kernels_compile_without_spills(kw):
+    built = build(DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=64, head_pack=2), **kw}), family="decode_sm90")
+    name = built.rendered.kernel_name
+    assert name.endswith("_hp2") and name in built.compiled.registers
+    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0

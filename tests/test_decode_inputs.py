@@ -29,6 +29,8 @@ def cpu_inputs(**over):
     (dict(num_splits=-1), "num_splits"),
     (dict(ctas_per_sm=3), "ctas_per_sm"),
     (dict(ctas_per_sm=2.0), "ctas_per_sm"),
+    (dict(head_pack=3), "head_pack"),
+    (dict(head_pack=True), "head_pack"),
     ({}, "CUDA device"),
 ])
 def test_bad_calls_are_refused_before_any_launch(over, match):

@@ -399,3 +399,45 @@ def test_a_batch_that_fills_the_sms_runs_two_ctas_per_sm():
     run_and_check(q, k, v, lengths)
     chosen = [c for c in decode._LAUNCHERS.values() if c.batch == batch and c.plan.spec.head_dim == 128]
     assert chosen and all(c.plan.spec.ctas_per_sm == 2 and c.splits == 1 for c in chosen)
+
+
+HEAD_PAIRS = [
+    # batch, S_q, H, H_kv, D, dtype, lengths, options: two K/V heads a tile (head_pack=2), their rows sharing N
+    (4, 1, 32, 8, 64, torch.bfloat16, [0, 1, 128, 1000], {}),
+    (3, 2, 16, 8, 64, torch.float16, [1, 300, 1000], dict(window=(100, -1))),
+    (2, 2, 8, 4, 64, torch.bfloat16, [129, 1000], dict(softcap=30.0)),
+    (2, 1, 16, 8, 128, torch.bfloat16, [5, 1000], dict(causal=False)),
+    (2, 3, 4, 2, 64, torch.bfloat16, [0, 999], {}),   # 12 rows: N = 16 with four padding columns
+    (3, 1, 8, 8, 64, torch.float16, [63, 64, 1000], {}),  # one query head per K/V head: 2 rows, 6 padding columns
+    (3, 2, 32, 8, 64, torch.bfloat16, [0, 50, 1000], dict(sinks=True)),
+]
+
+
+@pytest.mark.parametrize("batch, sq, heads, kv_heads, dim, dtype, lengths, options", HEAD_PAIRS)
+@pytest.mark.parametrize("num_splits, ctas_per_sm", [(1, 0), (0, 0), (5, 0), (1, 2), (3, 2)])
+def test_two_heads_a_tile_match_float64(batch, sq, heads, kv_heads, dim, dtype, lengths, options, num_splits,
+                                        ctas_per_sm):
+    from codegen import decode
+
+    k, v = make_cache(batch, 1000, kv_heads, dim, lengths, dtype, seed=13)
+    q = torch.randn(batch, sq, heads, dim, device="cuda", dtype=dtype)
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.randn(heads, device="cuda", dtype=torch.float32) * 2
+    decode._LAUNCHERS.clear()
+    run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=2, **options)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.spec.head_pack == 2 and launcher.plan.grid(batch, 1)[1] == kv_heads // 2
+
+
+def test_two_heads_a_tile_attend_their_appended_tokens():
+    lengths = [0, 7, 900]
+    k, v = make_cache(3, 1000, 8, 64, lengths, torch.bfloat16, seed=14)
+    q = torch.randn(3, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(3, 2, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    before_k, before_v = k.clone(), v.clone()
+    run_and_check(q, k, v, lengths, k_new=k_new, v_new=v_new, head_pack=2)
+    for b, n in enumerate(lengths):
+        assert torch.equal(k[b, n:n + 2], k_new[b]) and torch.equal(v[b, n:n + 2], v_new[b])
+        k[b, n:n + 2], v[b, n:n + 2] = before_k[b, n:n + 2], before_v[b, n:n + 2]
+    assert torch.equal(k.nan_to_num(), before_k.nan_to_num()) and torch.equal(v.nan_to_num(), before_v.nan_to_num())

@@ -70,6 +70,33 @@ def test_tensor_map_recipe_and_instance():
         tm.instantiate(batch=1, seq_len=10, heads=3, stride_b=0, stride_s=3 * 128 + 4, stride_h=128)
 
 
+def test_a_head_pack_box_interleaves_adjacent_heads_rows():
+    d = derive_operand("k", arch="sm_90a", head_dim=64, block_rows=128, dtype="bf16", head_pack=2)
+    tm = d.tensor_map
+    assert (tm.head_pack, tm.box, tm.box_bytes) == (2, (64, 2, 64, 1, 1), d.smem_bytes)
+    p = tm.instantiate(batch=2, seq_len=1000, heads=8, stride_b=1000 * 8 * 64, stride_s=8 * 64, stride_h=64)
+    assert p.dims == (64, 8, 1000, 1, 2) and p.strides_bytes == (128, 8 * 128, 128, 1000 * 8 * 128)
+    assert tm.box_origin(batch_index=1, seq_start=64, head=4, seq_len=1000) == (0, 4, 64, 0, 1)
+    # The one-head map (keys innermost) writes the same bytes elsewhere: row 1 must be head 1's key 0, not key 1.
+    plain = derive_operand("k", arch="sm_90a", head_dim=64, block_rows=128, dtype="bf16").tensor_map
+    wrong = plain.instantiate(batch=1, seq_len=256, heads=4, stride_b=0, stride_s=4 * 64, stride_h=64)
+    mismatches = d.check_tensor_map(wrong, (0, 0, 0, 2, 0), batch_index=0, seq_start=0, head=2, stride_b=0,
+                                    stride_s=4 * 64, stride_h=64)
+    assert any(m.coords == {"n": 1, "k": 0} for m in mismatches)
+    v = derive_operand("v", arch="sm_90a", head_dim=128, block_rows=128, dtype="f16", head_pack=2)
+    assert v.tensor_map.box == (64, 2, 64, 2, 1)  # two column blocks: [d_blk][key][head][64]
+
+
+@pytest.mark.parametrize("kwargs, reason", [(dict(operand="q", block_rows=64), "only sm_90a's K and V"),
+                                            (dict(arch="sm_100a"), "only sm_90a's K and V"),
+                                            (dict(head_pack=3), "dividing block_rows"),
+                                            (dict(head_pack=0), "positive number")])
+def test_a_head_pack_is_refused_where_no_kernel_reads_it(kwargs, reason):
+    args = {**dict(operand="k", arch="sm_90a", head_dim=64, block_rows=128, dtype="bf16", head_pack=2), **kwargs}
+    with pytest.raises(LayoutError, match=reason):
+        derive_operand(args.pop("operand"), **args)
+
+
 def test_tensor_map_model_catches_a_wrong_stride():
     d = derive_operand("q", arch="sm_90a", head_dim=128, block_rows=64, dtype="f16")
     params = d.tensor_map.instantiate(batch=1, seq_len=256, heads=2, stride_b=0, stride_s=256, stride_h=128)

@@ -43,7 +43,8 @@ def regenerate_command(spec: DecodeSpec) -> str:
 def summary(plan: Plan) -> str:
     s = plan.spec
     return (f"{s.name}: decode, H={s.heads} over H_kv={s.kv_heads}, D={s.head_dim} {s.dtype}, S_q={s.q_len} "
-            f"({s.rows} packed rows, {plan.tiles_m} tile(s) of {plan.block_m}), "
+            f"({s.rows} packed rows{f' of {s.head_pack} K/V heads' if s.head_pack > 1 else ''}, {plan.tiles_m} "
+            f"tile(s) of {plan.block_m}), "
             f"{'causal' if s.causal else 'non-causal'}, {s.block_n}-key blocks, {s.stages} stages, "
             + (f"{s.page_size}-row pages" if s.page_size else "dense cache")
             + (f", {s.ctas_per_sm} CTAs per SM" if s.ctas_per_sm > 1 else ""))
@@ -91,6 +92,9 @@ def context(plan: Plan) -> dict:
         "group": s.group,
         "q_len": s.q_len,
         "rows": s.rows,
+        "head_rows": s.head_rows,
+        "head_pack": s.head_pack,
+        "tile_rows": plan.tile_rows,
         "head_dim": s.head_dim,
         "block_n": s.block_n,
         "block_m": plan.block_m,

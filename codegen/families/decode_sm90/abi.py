@@ -63,20 +63,26 @@ BARRIER_NAMES = ("KFull", "VFull", "KEmpty", "VEmpty")
 
 @dataclass(frozen=True)
 class DecodeGrid:
-    """One CTA per (split, K/V head x row tile, sequence)."""
+    """One CTA per (split, K/V head pack x row tile, sequence): a pack is head_pack adjacent K/V heads."""
 
     kv_heads: int
     tiles_m: int
+    head_pack: int = 1
+
+    @property
+    def packs(self) -> int:
+        return self.kv_heads // self.head_pack
 
     def dims(self, *, tiles_m: int, batch: int, sms: int = 0) -> tuple[int, int, int]:
         del sms
-        return (tiles_m, self.kv_heads * self.tiles_m, batch)  # tiles_m: the splits (the launch's x)
+        return (tiles_m, self.packs * self.tiles_m, batch)  # tiles_m: the splits (the launch's x)
 
     def c_launch(self) -> tuple[str, str]:
-        return "", f"dim3(splits, {self.kv_heads * self.tiles_m}, batch)"
+        return "", f"dim3(splits, {self.packs * self.tiles_m}, batch)"
 
     def describe(self, tiles_m: str, batches: str) -> dict:
-        return {"x": "splits", "y": f"K/V heads x row tiles = {self.kv_heads} x {self.tiles_m}", "z": batches}
+        heads = "K/V heads" if self.head_pack == 1 else f"packs of {self.head_pack} K/V heads"
+        return {"x": "splits", "y": f"{heads} x row tiles = {self.packs} x {self.tiles_m}", "z": batches}
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,8 @@ class AppendGrid:
         return {"x": "S_q (new tokens)", "y": f"K/V heads = {self.kv_heads}", "z": batches}
 
 
-def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, gather_threads: int = 0) -> KernelABI:
+def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, gather_threads: int = 0,
+               head_pack: int = 1) -> KernelABI:
     """`gather_threads`: 0 for a kernel whose loads are TMA copies (a full barrier completes on the one arrival
     that arms it with the copies' bytes), else the producer threads that gather, each arriving as its copies land."""
     full_arrivals = gather_threads or 1
@@ -97,7 +104,8 @@ def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int,
         Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),
         Barrier("VEmpty", stages, consumer_warps, "every consumer warp's PV has read the V slot"),
     ))
-    return KernelABI(_PARAMS + (_GATHER_PARAMS if gather_threads else ()), barriers, DecodeGrid(kv_heads, tiles_m))
+    return KernelABI(_PARAMS + (_GATHER_PARAMS if gather_threads else ()), barriers,
+                     DecodeGrid(kv_heads, tiles_m, head_pack))
 
 
 def append_abi(*, kv_heads: int) -> KernelABI:

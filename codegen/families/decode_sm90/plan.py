@@ -96,6 +96,12 @@ KV_L2_PROMOTION_BYTES = 128
 # the scores and exponentials it keeps, and batch-1 CTAs streamed at ~57 GB/s an SM behind that (bench/LOG.md d16).
 SWAP_MAX_ROWS = 16
 SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
+# K/V heads one tile may take (DecodeSpec.head_pack). At D=64 a head's piece of a (B, S, H_kv, D) cache row is 128
+# bytes, 1 KB from the next key's; a CTA over one head streamed 3.6% slower than over the same bytes stored
+# head-major (H100, bench/LOG.md d22), and a bare TMA stream of boxes over two adjacent heads (256-byte pieces) ran
+# 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe.cu --heads). Two heads' rows then share
+# the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
+HEAD_PACKS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class DecodeSpec:
     stages: int = 0       # 0: as many as fit
     ctas_per_sm: int = 1  # CTAS_PER_SM: 2 runs one consumer warpgroup per CTA, two CTAs per SM
     swap: bool | None = None  # the swapped products (SWAP_MAX_ROWS); None: where they apply (resolve)
+    head_pack: int = 1    # HEAD_PACKS: adjacent K/V heads per tile, loaded by one box (their rows interleaved)
     arch: str = "sm_90a"
 
     family = "decode_sm90"  # its kernel family (codegen.families.family_for), not a field
@@ -150,6 +157,13 @@ class DecodeSpec:
         need(self.ctas_per_sm == 1 or self.head_dim in TWO_CTA_BLOCK_N,
              f"two CTAs per SM fit head dims {', '.join(map(str, TWO_CTA_BLOCK_N))}, not {self.head_dim}")
         need(self.swap in (None, True, False), f"swap must be True, False or None (chosen), got {self.swap!r}")
+        need(self.head_pack in HEAD_PACKS, f"head_pack must be one of {HEAD_PACKS}, got {self.head_pack!r}")
+        if self.head_pack > 1:
+            need(self.kv_heads % self.head_pack == 0,
+                 f"head_pack {self.head_pack} takes K/V heads {self.head_pack} at a time; {self.kv_heads} do not divide")
+            need(self.page_size == 0, "head_pack > 1 loads two heads' rows by one box from a dense cache; a paged "
+                 "cache's tiles take one head each")
+            need(self.swap is not False, "head_pack > 1 runs the swapped products (the heads' rows share N)")
         if self.swap:
             why = self.swap_refusal(self.block_n)
             need(why is None, f"the swapped products {why}")
@@ -157,12 +171,12 @@ class DecodeSpec:
     def swap_refusal(self, block_n: int) -> str | None:
         """Why the swapped products cannot run this tile with `block_n`-key blocks (0: not chosen yet), or None."""
         if self.rows > SWAP_MAX_ROWS:
-            return (f"take tiles of at most {SWAP_MAX_ROWS} packed rows (query heads per K/V head x S_q); this one "
-                    f"packs {self.rows}")
+            return (f"take tiles of at most {SWAP_MAX_ROWS} packed rows (K/V heads per tile x query heads per K/V "
+                    f"head x S_q); this one packs {self.rows}")
         if self.head_dim % WGMMA_M:
             return f"take head dims in whole {WGMMA_M}-column windows (O^T's M), not {self.head_dim}"
-        if block_n % WGMMA_M:
-            return f"take key blocks in whole {WGMMA_M}-key windows (S^T's M), not {block_n}"
+        if block_n * self.head_pack % WGMMA_M:
+            return f"take tiles in whole {WGMMA_M}-row windows (S^T's M), not {block_n * self.head_pack} rows"
         return None
 
     @property
@@ -170,9 +184,14 @@ class DecodeSpec:
         return self.heads // self.kv_heads
 
     @property
-    def rows(self) -> int:
+    def head_rows(self) -> int:
         """Packed query rows of one (sequence, K/V head): every token of every query head of the group."""
         return self.group * self.q_len
+
+    @property
+    def rows(self) -> int:
+        """Packed query rows of a tile: head_pack K/V heads' head_rows each, one head's after the other."""
+        return self.head_pack * self.head_rows
 
     @property
     def elem_bytes(self) -> int:
@@ -194,6 +213,8 @@ class DecodeSpec:
             extras += f"_page{self.page_size}" + ("_gather" if self.gather else "")
         if self.ctas_per_sm > 1:
             extras += f"_{self.ctas_per_sm}cta"
+        if self.head_pack > 1:
+            extras += f"_hp{self.head_pack}"
         return (f"flashgen_decode_{self.arch}_h{self.heads}_kvh{self.kv_heads}_d{self.head_dim}_{self.dtype}"
                 f"_q{self.q_len}_{'causal' if self.causal else 'full'}_n{self.block_n or 'auto'}"
                 f"_st{self.stages or 'auto'}{extras}")
@@ -236,10 +257,14 @@ class SwapRegion:
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     swappable = spec.swap is not False and spec.swap_refusal(TWO_CTA_BLOCK_N.get(spec.head_dim, 0)) is None
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather and not swappable else TWO_CTA_BLOCK_N
-    block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
+    # A head pack keeps a slot's bytes: its tile rows (head_pack x block_n) are the default block's.
+    block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim] // spec.head_pack
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
-        spec = spec.replace(swap=spec.swap_refusal(block_n) is None)
+        why = spec.swap_refusal(block_n)
+        if why and spec.head_pack > 1:
+            raise SpecError(f"{spec.name}: head_pack {spec.head_pack} needs the swapped products, which {why}")
+        spec = spec.replace(swap=why is None)
     if spec.gather and block_n > MAX_GATHER_BLOCK_N:
         raise SpecError(f"{spec.name}: a gathered block is at most {MAX_GATHER_BLOCK_N} keys (a lane of each producer "
                         f"warp holds one row's page), got block_n {block_n}")
@@ -294,6 +319,12 @@ class Plan:
         return self.row_groups * ROWS_PER_CONSUMER
 
     @property
+    def tile_rows(self) -> int:
+        """Rows of a K (and V) ring slot: block_n keys of each of the head pack's heads, interleaved (row
+        head_pack * key + head)."""
+        return self.spec.head_pack * self.spec.block_n
+
+    @property
     def tiles_m(self) -> int:
         """Row tiles per (sequence, K/V head): more than one where S_q x group exceeds 128 (chunked prefill)."""
         return -(-self.spec.rows // self.block_m)
@@ -315,11 +346,13 @@ class Plan:
 
     @cached_property
     def k(self) -> layouts.OperandDerivation:
-        return _derive("k", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype, KV_L2_PROMOTION_BYTES)
+        return _derive("k", self.spec.arch, self.spec.head_dim, self.tile_rows, self.spec.dtype, KV_L2_PROMOTION_BYTES,
+                       self.spec.head_pack)
 
     @cached_property
     def v(self) -> layouts.OperandDerivation:
-        return _derive("v", self.spec.arch, self.spec.head_dim, self.spec.block_n, self.spec.dtype, KV_L2_PROMOTION_BYTES)
+        return _derive("v", self.spec.arch, self.spec.head_dim, self.tile_rows, self.spec.dtype, KV_L2_PROMOTION_BYTES,
+                       self.spec.head_pack)
 
     @cached_property
     def k_pages(self) -> PagedTile | None:
@@ -381,7 +414,7 @@ class Plan:
     def abi(self) -> KernelABI:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
         return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
-                          kv_heads=self.spec.kv_heads, tiles_m=self.tiles_m,
+                          kv_heads=self.spec.kv_heads, head_pack=self.spec.head_pack, tiles_m=self.tiles_m,
                           gather_threads=self.producer_threads if self.spec.gather else 0)
 
     @cached_property
@@ -457,14 +490,14 @@ class Plan:
 
     @cached_property
     def pt(self) -> layouts.OperandDerivation:
-        """P^T of one key block: the tile's swap_n rows by the block's keys, keys contiguous (a K-major B, staged
-        as a K tile with the keys as its columns)."""
-        return _derive("k", self.spec.arch, self.spec.block_n, self.swap_n, self.spec.dtype)
+        """P^T of one key block: the tile's swap_n rows by the K/V tile's rows, those contiguous (a K-major B,
+        staged as a K tile with the tile rows as its columns)."""
+        return _derive("k", self.spec.arch, self.tile_rows, self.swap_n, self.spec.dtype)
 
     @cached_property
     def k_as_a(self) -> tuple[TileRead, ...]:
-        """K as the A of S^T = K Q^T: 64-key windows of the block (M), K over the head dim."""
-        return _m_windows(self.k, self.spec.block_n)
+        """K as the A of S^T = K Q^T: 64-row windows of the tile (M), K over the head dim."""
+        return _m_windows(self.k, self.tile_rows)
 
     @cached_property
     def q_as_b(self) -> TileRead:
@@ -473,7 +506,7 @@ class Plan:
 
     @cached_property
     def v_as_a(self) -> tuple[TileRead, ...]:
-        """V as the A of O^T = V^T P^T: 64-column windows of the head dim (M), K over the block's keys (MN-major:
+        """V as the A of O^T = V^T P^T: 64-column windows of the head dim (M), K over the tile's rows (MN-major:
         wgmma's transpose bit reads V as V^T)."""
         return _m_windows(self.v, self.spec.head_dim)
 
@@ -568,9 +601,9 @@ class Plan:
 
 @functools.lru_cache(maxsize=256)
 def _derive(operand: str, arch: str, head_dim: int, rows: int, dtype: str,
-            l2_promotion_bytes: int = layouts.L2_PROMOTION_BYTES) -> layouts.OperandDerivation:
+            l2_promotion_bytes: int = layouts.L2_PROMOTION_BYTES, head_pack: int = 1) -> layouts.OperandDerivation:
     return layouts.derive_operand(operand, arch=arch, head_dim=head_dim, block_rows=rows, dtype=dtype,
-                                  l2_promotion_bytes=l2_promotion_bytes)
+                                  l2_promotion_bytes=l2_promotion_bytes, head_pack=head_pack)
 
 
 @functools.lru_cache(maxsize=256)
