@@ -34,6 +34,7 @@ MIN_BLOCKS_PER_SPLIT = 2
 SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
 FEW_TILES = 3          # tiles at most sms / FEW_TILES leave most SMs idle: they take a wave of splits
 TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
+HEAD_PACK_PIECE_BYTES = 128  # a head's row of at most this many bytes takes two heads a tile (choose_head_pack)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -126,10 +127,19 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     return 2 if spec.fits_two_ctas and splits == 1 and tiles >= sms and waves_ok else 1
 
 
-def choose_head_pack(spec: DecodeSpec) -> int:
-    """K/V heads per tile: one, until two are measured against it on the target (bench/LOG.md d23)."""
-    del spec
-    return 1
+def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
+    """K/V heads per tile, given `tiles` one-head tiles on `sms` SMs: two where a head's row is one
+    HEAD_PACK_PIECE_BYTES piece, the one-head tiles fill the SMs (one split each) and the pair's rows fit the
+    swapped products; else one. On an H100 (bench/LOG.md d23, D=64, 32/8 heads, against cuDNN in one process):
+    32 x 8k 0.960x -> 1.001x, 128 x 2k 1.000x -> 1.025x, 32 x 2k 1.004x -> 1.028x, S_q=2 at 32 x 8k +3.7%; where the
+    tiles are few and split, 8 x 32k lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties."""
+    if spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES or tiles < sms:
+        return 1
+    try:
+        resolve(spec.replace(head_pack=2))
+    except SpecError:  # paged, an odd number of K/V heads, the plain products, more rows than N holds
+        return 1
+    return 2
 
 
 def choose_splits(ctas: int, blocks: int, sms: int) -> int:
@@ -334,14 +344,16 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                           stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
                           ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap),
                           head_pack=head_pack or 1)
+        sms = _sm_count(q.device.index or 0)
         if not head_pack:
-            spec = spec.replace(head_pack=choose_head_pack(spec))
+            head_tiles = batch * Plan(resolve(spec.replace(ctas_per_sm=1))).grid(batch, 1)[1]
+            spec = spec.replace(head_pack=choose_head_pack(spec, head_tiles, sms))
         one_cta = resolve(spec.replace(ctas_per_sm=1))
         plan = Plan(one_cta)
         if plan.grid(batch, 1)[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
             raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
                              f"{MAX_GRID_YZ} limit")
-        tiles, sms = batch * plan.grid(batch, 1)[1], _sm_count(q.device.index or 0)
+        tiles = batch * plan.grid(batch, 1)[1]
         splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms)
         if not ctas_per_sm:
             spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))

@@ -600,3 +600,14 @@ def test_two_head_kernels_compile_without_spills(kw):
     name = built.rendered.kernel_name
     assert name.endswith("_hp2") and name in built.compiled.registers
     assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+
+
+def test_two_heads_a_tile_are_chosen_for_128_byte_rows_whose_tiles_fill_the_sms():
+    from codegen.decode import choose_head_pack
+
+    d64 = DecodeSpec(heads=32, kv_heads=8, head_dim=64)
+    assert choose_head_pack(d64, tiles=256, sms=132) == 2 and choose_head_pack(d64, tiles=131, sms=132) == 1
+    assert choose_head_pack(d64.replace(q_len=2), tiles=256, sms=132) == 2  # 16 rows: N's most
+    for one in (d64.replace(q_len=4), d64.replace(page_size=16), d64.replace(swap=False),
+                DecodeSpec(heads=32, kv_heads=8, head_dim=128), DecodeSpec(heads=9, kv_heads=3, head_dim=64)):
+        assert choose_head_pack(one, tiles=1024, sms=132) == 1, one

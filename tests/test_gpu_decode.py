@@ -425,6 +425,10 @@ def test_two_heads_a_tile_match_float64(batch, sq, heads, kv_heads, dim, dtype, 
     if options.pop("sinks", False):
         options["sinks"] = torch.randn(heads, device="cuda", dtype=torch.float32) * 2
     decode._LAUNCHERS.clear()
+    if dim == 128 and ctas_per_sm == 2:  # two heads' 64-key slots: 64 KB, two of them past half the SM
+        with pytest.raises(InputError, match="do not fit shared memory; use a smaller block_n or head_pack=1"):
+            run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=2, **options)
+        return
     run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=2, **options)
     (launcher,) = decode._LAUNCHERS.values()
     assert launcher.plan.spec.head_pack == 2 and launcher.plan.grid(batch, 1)[1] == kv_heads // 2
@@ -441,3 +445,17 @@ def test_two_heads_a_tile_attend_their_appended_tokens():
         assert torch.equal(k[b, n:n + 2], k_new[b]) and torch.equal(v[b, n:n + 2], v_new[b])
         k[b, n:n + 2], v[b, n:n + 2] = before_k[b, n:n + 2], before_v[b, n:n + 2]
     assert torch.equal(k.nan_to_num(), before_k.nan_to_num()) and torch.equal(v.nan_to_num(), before_v.nan_to_num())
+
+
+def test_a_batch_of_d64_tiles_that_fills_the_sms_takes_two_heads_a_tile():
+    from codegen import decode
+    from codegen.api import _sm_count
+
+    batch = -(-_sm_count(0) // 8)  # 8 K/V heads: one-head tiles fill the SMs
+    lengths = [1000] * (batch - 2) + [0, 517]
+    k, v = make_cache(batch, 1000, 8, 64, lengths, torch.bfloat16, seed=15)
+    q = torch.randn(batch, 1, 32, 64, device="cuda", dtype=torch.bfloat16)
+    decode._LAUNCHERS.clear()
+    run_and_check(q, k, v, lengths)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.spec.head_pack == 2

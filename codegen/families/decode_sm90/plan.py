@@ -102,6 +102,7 @@ SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 # 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe.cu --heads). Two heads' rows then share
 # the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
 HEAD_PACKS = (1, 2)
+MIN_PACKED_BLOCK_N = 64  # DecodeSpec's least block_n
 
 
 @dataclass(frozen=True)
@@ -257,8 +258,10 @@ class SwapRegion:
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     swappable = spec.swap is not False and spec.swap_refusal(TWO_CTA_BLOCK_N.get(spec.head_dim, 0)) is None
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather and not swappable else TWO_CTA_BLOCK_N
-    # A head pack keeps a slot's bytes: its tile rows (head_pack x block_n) are the default block's.
-    block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim] // spec.head_pack
+    # A head pack keeps a slot's bytes where it can: its tile rows (head_pack x block_n) are the default block's,
+    # down to blocks of MIN_PACKED_BLOCK_N keys.
+    block_n = spec.block_n or max(MIN_PACKED_BLOCK_N, (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
+                                  // spec.head_pack)
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
         why = spec.swap_refusal(block_n)
@@ -282,8 +285,9 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
         deepest = TWO_CTA_SWAPPED_STAGES.get(spec.head_dim, MAX_STAGES) if capped else MAX_STAGES
         fitting = [n for n in range(MIN_STAGES, deepest + 1, step) if Plan(spec.replace(stages=n)).fits]
         if not fitting:
-            raise SpecError(f"{spec.name}: two ring slots of {block_n} keys do not fit shared memory; "
-                            "use a smaller block_n")
+            packed = f" of {spec.head_pack} heads" if spec.head_pack > 1 else ""
+            raise SpecError(f"{spec.name}: two ring slots of {block_n} keys{packed} do not fit shared memory; use a "
+                            "smaller block_n" + (" or head_pack=1" if spec.head_pack > 1 else ""))
         spec = spec.replace(stages=max(fitting))
     plan = Plan(spec)
     plan.smem  # raises the shared-memory error for an explicit stage count
