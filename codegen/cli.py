@@ -9,7 +9,7 @@
   flashgen --shape S,H,D --backward [--causal] [--kv-heads N] [--seq-k N] [--window L,R] [--softcap X]
       [--deterministic] [--varlen]   the backward kernels (pre, main, post) of that forward, emitted and compiled
   flashgen --shape S_MAX,H,D --kv-heads N --decode S_Q [--page-size P [--gather/--no-gather]] [--ctas-per-sm N]
-      [--run [--batch B]] [--export DIR]
+      [--head-pack N] [--run [--batch B]] [--export DIR]
       the decode kernel of attention_with_kvcache; --run checks it on the GPU over B random ragged caches of
       S_MAX rows (paged, a shuffled page table, with --page-size) against float64, and times it (K+V GB/s).
   flashgen layout ...   derived shared-memory layouts, descriptors and tensor maps (flashgen layout -h)
@@ -164,6 +164,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="with --decode: 1 (default) runs two consumer warpgroups per CTA; 2 one per CTA, two CTAs "
                              "per SM (tiles of at most 64 packed rows, D <= 128; what attention_with_kvcache picks "
                              "where the tiles fill the SMs)")
+    parser.add_argument("--head-pack", type=int, default=1, choices=(1, 2),
+                        help="with --decode: K/V heads per tile; 2 loads two adjacent heads' rows by one TMA box (a "
+                             "dense cache, tiles of at most 16 packed rows; what attention_with_kvcache picks at D=64 "
+                             "where the tiles fill the SMs)")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
                              ".backward()); D 64, 96, 128, 192 or 256 on sm_90a")
@@ -217,8 +221,10 @@ def _spec_from(args):
         return _backward_spec_from(args, s, h, d, window)
     if getattr(args, "deterministic", False):
         raise SpecError("--deterministic is for the backward kernels: add --backward")
-    if getattr(args, "page_size", 0) or getattr(args, "gather", False) or getattr(args, "ctas_per_sm", 1) != 1:
-        raise SpecError("--page-size, --gather and --ctas-per-sm are for the decode kernel: add --decode S_Q")
+    if (getattr(args, "page_size", 0) or getattr(args, "gather", False) or getattr(args, "ctas_per_sm", 1) != 1
+            or getattr(args, "head_pack", 1) != 1):
+        raise SpecError("--page-size, --gather, --ctas-per-sm and --head-pack are for the decode kernel: add "
+                        "--decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
                               kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
@@ -231,7 +237,8 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
 
     for flag, given in (("--split", args.split), ("--block-n", args.block_n),
                         ("--sinks", args.sinks), ("--page-size", args.page_size), ("--gather", args.gather),
-                        ("--ctas-per-sm", args.ctas_per_sm != 1), ("--multicast", args.multicast is not None)):
+                        ("--ctas-per-sm", args.ctas_per_sm != 1), ("--head-pack", args.head_pack != 1),
+                        ("--multicast", args.multicast is not None)):
         if given:
             raise SpecError(f"{flag} does not apply to the backward kernels (--backward)"
                             + ("; sinks need nothing of them (the forward's logsumexp carries them)"
@@ -259,7 +266,8 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
                               block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size,
-                              gather=gather_by_default(args.page_size, args.gather), ctas_per_sm=args.ctas_per_sm))
+                              gather=gather_by_default(args.page_size, args.gather), ctas_per_sm=args.ctas_per_sm,
+                              head_pack=args.head_pack))
 
 
 def _generate_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:

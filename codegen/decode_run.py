@@ -144,7 +144,7 @@ def run_decode(torch, spec, batch: int, capacity: int) -> tuple[int, list[str]]:
     out = torch.full_like(inputs.q, float("nan"))  # poisoned: an element the kernel never writes fails the check
     options = dict(page_table=inputs.page_table, causal=spec.causal, window=spec.window, softcap=spec.softcap,
                    block_n=spec.block_n, stages=spec.stages, gather=spec.gather,
-                   ctas_per_sm=spec.ctas_per_sm)
+                   ctas_per_sm=spec.ctas_per_sm, head_pack=spec.head_pack)
     o, lse = attention_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, inputs.seqlens, return_lse=True,
                                     out=out, check=True, **options)
     torch.cuda.synchronize()

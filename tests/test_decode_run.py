@@ -174,7 +174,14 @@ def test_bandwidth_counts_the_rows_the_queries_see():
 
 def test_gather_is_refused_outside_decode(tmp_path, capsys):
     assert gen.main(["--shape", "1024,32,128", "--gather", "--out", str(tmp_path / "out")]) == 2
-    assert "--page-size, --gather and --ctas-per-sm are for the decode kernel" in one_error_line(capsys)
+    assert "--page-size, --gather, --ctas-per-sm and --head-pack are for the decode kernel" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,64", "--head-pack", "2", "--out", str(tmp_path / "out")]) == 2
+    assert "are for the decode kernel: add --decode" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,64", "--backward", "--head-pack", "2", "--out", str(tmp_path / "out")]) == 2
+    assert "--head-pack does not apply to the backward kernels" in one_error_line(capsys)
+    assert gen.main(["--shape", "1024,32,64", "--kv-heads", "8", "--decode", "1", "--head-pack", "2", "--page-size",
+                     "16", "--out", str(tmp_path / "out")]) == 2
+    assert "a paged cache's tiles take one head each" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,128", "--ctas-per-sm", "2", "--out", str(tmp_path / "out")]) == 2
     assert "are for the decode kernel: add --decode" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,128", "--backward", "--gather", "--out", str(tmp_path / "out")]) == 2
@@ -193,3 +200,12 @@ def test_the_cli_names_the_decode_kernels_register_split(tmp_path, capsys):
     assert "setmaxnreg moves consumers to 216, the producer to 40" in capsys.readouterr().out
     assert gen.main(["--shape", "8192,32,128", "--kv-heads", "8", "--decode", "1", "--out", str(tmp_path)]) == 0
     assert "setmaxnreg moves consumers to 240, the producer to 24" in capsys.readouterr().out
+
+
+def test_the_cli_emits_a_two_head_decode_kernel_that_names_its_regeneration(tmp_path, capsys):
+    assert gen.main(["--shape", "8192,32,64", "--kv-heads", "8", "--decode", "1", "--head-pack", "2",
+                     "--out", str(tmp_path)]) == 0
+    (source,) = tmp_path.glob("*_hp2.cu")
+    text = source.read_text()
+    assert "--ctas-per-sm" not in text.splitlines()[1] and "--head-pack 2" in text.splitlines()[1]
+    assert "constexpr int kHeadPack = 2, kHeadRows = 4, kTileRows = 128;" in text

@@ -353,7 +353,8 @@ def test_one_row_pages_at_d96_are_gathered_by_default_and_refused_to_tma():
 
 @pytest.mark.parametrize("extra", [[], ["--page-size", "4"], ["--page-size", "1", "--causal"],
                                    ["--page-size", "2", "--window", "100,-1", "--softcap", "20"],
-                                   ["--page-size", "16", "--decode", "5", "--dtype", "f16"]])
+                                   ["--page-size", "16", "--decode", "5", "--dtype", "f16"],
+                                   ["--shape", "1000,32,64", "--head-pack", "2"]])
 def test_cli_run_checks_and_times_the_decode_kernel(extra, tmp_path, capsys):
     import gen
 

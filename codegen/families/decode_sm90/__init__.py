@@ -37,6 +37,10 @@ def regenerate_command(spec: DecodeSpec) -> str:
         args += ["--softcap", repr(float(s.softcap))]
     if s.page_size:
         args += ["--page-size", str(s.page_size)]
+    if s.ctas_per_sm > 1:
+        args += ["--ctas-per-sm", str(s.ctas_per_sm)]
+    if s.head_pack > 1:
+        args += ["--head-pack", str(s.head_pack)]
     return " ".join(args) + "  (S_max, the batch, lengths and splits are run-time values)"
 
 
