@@ -99,7 +99,7 @@ SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 # K/V heads one tile may take (DecodeSpec.head_pack). At D=64 a head's piece of a (B, S, H_kv, D) cache row is 128
 # bytes, 1 KB from the next key's; a CTA over one head streamed 3.6% slower than over the same bytes stored
 # head-major (H100, bench/LOG.md d22), and a bare TMA stream of boxes over two adjacent heads (256-byte pieces) ran
-# 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe.cu --heads). Two heads' rows then share
+# 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe_heads.cu). Two heads' rows then share
 # the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
 HEAD_PACKS = (1, 2)
 MIN_PACKED_BLOCK_N = 64  # DecodeSpec's least block_n
