@@ -35,6 +35,11 @@ SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
 FEW_TILES = 3          # tiles at most sms / FEW_TILES leave most SMs idle: they take a wave of splits
 TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
 HEAD_PACK_PIECE_BYTES = 128  # a head's row of at most this many bytes takes two heads a tile (choose_head_pack)
+HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 of the SMs idle
+# One-split tiles of more than a wave but less than this many waves take two splits at one CTA a SM: on an H100 at
+# D=128, 17 / 20 / 24 x 8k (136-192 tiles on 132 SMs) ran 0.841x / 0.926x / 0.930x cuDNN at two CTAs a SM (the few
+# SMs holding two CTAs are the tail) and 0.984x / 1.066x / 1.033x with two splits (bench/LOG.md d24).
+TWO_SPLIT_MAX_WAVES = 1.5
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -129,11 +134,12 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
 
 def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     """K/V heads per tile, given `tiles` one-head tiles on `sms` SMs: two where a head's row is one
-    HEAD_PACK_PIECE_BYTES piece, the one-head tiles fill the SMs (one split each) and the pair's rows fit the
-    swapped products; else one. On an H100 (bench/LOG.md d23, D=64, 32/8 heads, against cuDNN in one process):
-    32 x 8k 0.960x -> 1.001x, 128 x 2k 1.000x -> 1.025x, 32 x 2k 1.004x -> 1.028x, S_q=2 at 32 x 8k +3.7%; where the
-    tiles are few and split, 8 x 32k lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties."""
-    if spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES or tiles < sms:
+    HEAD_PACK_PIECE_BYTES piece, the two-head tiles all but fill the SMs (HEAD_PACK_IDLE_SMS) and the pair's rows
+    fit the swapped products; else one. On an H100 (bench/LOG.md d23, D=64, 32/8 heads, against cuDNN in one
+    process): 32 x 8k (128 two-head tiles) 0.960x -> 1.001x, 128 x 2k 1.000x -> 1.025x, 32 x 2k 1.004x -> 1.028x, S_q=2
+    at 32 x 8k +3.7%; where the two-head tiles leave a quarter of the SMs idle, 17-24 x 8k, they ran 0.84-0.89x
+    (d24), 8 x 32k (tiles few enough to split) lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties."""
+    if spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES or tiles // 2 < sms - sms // HEAD_PACK_IDLE_SMS:
         return 1
     try:
         resolve(spec.replace(head_pack=2))
@@ -151,7 +157,10 @@ def choose_splits(ctas: int, blocks: int, sms: int) -> int:
     caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at 2k, 1.15x against
     1.08x for two; two at 8k and 32k). fit_clusters then keeps every tile's cluster resident. The wave reaches up to
     a third of the SMs' worth of tiles (it was an eighth): B=3 x 8k 0.875x with 2 splits, 1.048x with 4 (what the
-    wave and the fit give), 1.062x with 3; B=4 x 2k 0.862x with 1, 1.070x with 3 (d15b)."""
+    wave and the fit give), 1.062x with 3; B=4 x 2k 0.862x with 1, 1.070x with 3 (d15b). Tiles of more than one wave
+    and under TWO_SPLIT_MAX_WAVES take two splits where each keeps SPLIT_MIN_BLOCKS blocks (d24)."""
+    if sms < ctas < TWO_SPLIT_MAX_WAVES * sms:
+        return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
         return 1
     if ctas * FEW_TILES <= sms:

@@ -606,8 +606,17 @@ def test_two_heads_a_tile_are_chosen_for_128_byte_rows_whose_tiles_fill_the_sms(
     from codegen.decode import choose_head_pack
 
     d64 = DecodeSpec(heads=32, kv_heads=8, head_dim=64)
-    assert choose_head_pack(d64, tiles=256, sms=132) == 2 and choose_head_pack(d64, tiles=131, sms=132) == 1
+    assert choose_head_pack(d64, tiles=256, sms=132) == 2 and choose_head_pack(d64, tiles=248, sms=132) == 2
+    assert choose_head_pack(d64, tiles=246, sms=132) == 1 and choose_head_pack(d64, tiles=136, sms=132) == 1  # idle SMs
     assert choose_head_pack(d64.replace(q_len=2), tiles=256, sms=132) == 2  # 16 rows: N's most
     for one in (d64.replace(q_len=4), d64.replace(page_size=16), d64.replace(swap=False),
                 DecodeSpec(heads=32, kv_heads=8, head_dim=128), DecodeSpec(heads=9, kv_heads=3, head_dim=64)):
         assert choose_head_pack(one, tiles=1024, sms=132) == 1, one
+
+
+def test_tiles_of_one_to_one_and_a_half_waves_take_two_splits():
+    from codegen.decode import choose_splits
+
+    assert [choose_splits(t, 64, 132) for t in (136, 160, 192, 197)] == [2, 2, 2, 2]  # 8k keys in 128-key blocks
+    assert [choose_splits(t, 64, 132) for t in (132, 198, 256, 1024)] == [1, 1, 1, 1]
+    assert choose_splits(136, 16, 132) == 1  # 2k keys: a split would keep fewer than SPLIT_MIN_BLOCKS blocks

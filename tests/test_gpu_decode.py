@@ -393,7 +393,7 @@ def test_a_batch_that_fills_the_sms_runs_two_ctas_per_sm():
     from codegen import decode
     from codegen.api import _sm_count
 
-    batch = -(-_sm_count(0) // 8)  # 8 K/V heads: one tile each, a wave of them
+    batch = -(-2 * _sm_count(0) // 8)  # 8 K/V heads: one tile each, two waves of them at one CTA a SM
     lengths = [1000] * (batch - 2) + [0, 517]
     k, v = make_cache(batch, 1000, 8, 128, lengths, torch.bfloat16, seed=12)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
@@ -452,7 +452,7 @@ def test_a_batch_of_d64_tiles_that_fills_the_sms_takes_two_heads_a_tile():
     from codegen import decode
     from codegen.api import _sm_count
 
-    batch = -(-_sm_count(0) // 8)  # 8 K/V heads: one-head tiles fill the SMs
+    batch = -(-2 * _sm_count(0) // 8)  # 8 K/V heads: two-head tiles fill the SMs
     lengths = [1000] * (batch - 2) + [0, 517]
     k, v = make_cache(batch, 1000, 8, 64, lengths, torch.bfloat16, seed=15)
     q = torch.randn(batch, 1, 32, 64, device="cuda", dtype=torch.bfloat16)
@@ -460,3 +460,17 @@ def test_a_batch_of_d64_tiles_that_fills_the_sms_takes_two_heads_a_tile():
     run_and_check(q, k, v, lengths)
     (launcher,) = decode._LAUNCHERS.values()
     assert launcher.plan.spec.head_pack == 2
+
+
+def test_a_batch_just_over_a_wave_takes_two_splits():
+    from codegen import decode
+    from codegen.api import _sm_count
+
+    batch = -(-_sm_count(0) // 8) + 1  # 8 K/V heads: a wave of one-head tiles and a few more
+    lengths = [8192] * (batch - 3) + [0, 1, 5000]
+    k, v = make_cache(batch, 8192, 8, 128, lengths, torch.bfloat16, seed=16)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    decode._LAUNCHERS.clear()
+    run_and_check(q, k, v, lengths)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.splits == 2 and launcher.plan.spec.ctas_per_sm == 1
