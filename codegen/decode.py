@@ -36,10 +36,11 @@ FEW_TILES = 3          # tiles at most sms / FEW_TILES leave most SMs idle: they
 TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
 HEAD_PACK_PIECE_BYTES = 128  # a head's row of at most this many bytes takes two heads a tile (choose_head_pack)
 HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 of the SMs idle
-# One-split tiles of more than a wave but less than this many waves take two splits at one CTA a SM: on an H100 at
-# D=128, 17 / 20 / 24 x 8k (136-192 tiles on 132 SMs) ran 0.841x / 0.926x / 0.930x cuDNN at two CTAs a SM (the few
-# SMs holding two CTAs are the tail) and 0.984x / 1.066x / 1.033x with two splits (bench/LOG.md d24).
-TWO_SPLIT_MAX_WAVES = 1.5
+# One-split tiles of more than a wave but less than this many waves take two splits at one CTA a SM (their clusters
+# run in waves): at D=128, 8k keys, on an H100 17 / 20 / 24 sequences (136-192 tiles on 132 SMs) ran 0.841x / 0.926x
+# / 0.930x cuDNN at two CTAs a SM (the SMs holding two CTAs are the tail) and 0.984x / 1.066x / 1.033x with two
+# splits; on an H200 17 / 26 / 30 ran 0.737x / 0.889x / 0.977x and 0.944x / 1.005x / 0.994x (bench/LOG.md d24).
+TWO_SPLIT_MAX_WAVES = 1.85
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -371,7 +372,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         raise InputError(str(e)) from None
     built, kernel, append_kernel = _loaded(spec, q.device.index or 0)
     plan = built.plan
-    if not num_splits:
+    if not num_splits and tiles < sms:  # more tiles than SMs run in waves: their clusters need not all be resident
         splits = fit_clusters(plan, tiles, splits, functools.partial(driver.resident_clusters, kernel, plan.threads))
     map_params = {}  # a gathering kernel reads the caches by address, through no tensor map
     for op, cache in () if spec.gather else (("k", k_cache), ("v", v_cache)):

@@ -617,6 +617,6 @@ def test_two_heads_a_tile_are_chosen_for_128_byte_rows_whose_tiles_fill_the_sms(
 def test_tiles_of_one_to_one_and_a_half_waves_take_two_splits():
     from codegen.decode import choose_splits
 
-    assert [choose_splits(t, 64, 132) for t in (136, 160, 192, 197)] == [2, 2, 2, 2]  # 8k keys in 128-key blocks
-    assert [choose_splits(t, 64, 132) for t in (132, 198, 256, 1024)] == [1, 1, 1, 1]
+    assert [choose_splits(t, 64, 132) for t in (136, 160, 192, 240, 244)] == [2] * 5  # 8k keys in 128-key blocks
+    assert [choose_splits(t, 64, 132) for t in (132, 245, 256, 1024)] == [1, 1, 1, 1]
     assert choose_splits(136, 16, 132) == 1  # 2k keys: a split would keep fewer than SPLIT_MIN_BLOCKS blocks
