@@ -36,11 +36,13 @@ FEW_TILES = 3          # tiles at most sms / FEW_TILES leave most SMs idle: they
 TWO_CTA_MAX_WAVES = 2  # dense caches run two CTAs per SM up to this many waves of one-CTA tiles (choose_ctas_per_sm)
 HEAD_PACK_PIECE_BYTES = 128  # a head's row of at most this many bytes takes two heads a tile (choose_head_pack)
 HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 of the SMs idle
-# One-split tiles of more than a wave but less than this many waves take two splits at one CTA a SM (their clusters
-# run in waves): at D=128, 8k keys, on an H100 17 / 20 / 24 sequences (136-192 tiles on 132 SMs) ran 0.841x / 0.926x
-# / 0.930x cuDNN at two CTAs a SM (the SMs holding two CTAs are the tail) and 0.984x / 1.066x / 1.033x with two
-# splits; on an H200 17 / 26 / 30 ran 0.737x / 0.889x / 0.977x and 0.944x / 1.005x / 0.994x (bench/LOG.md d24).
-TWO_SPLIT_MAX_WAVES = 1.85
+# Tiles of more than a wave: two CTAs a SM only from TWO_CTA_MIN_WAVES waves, where nearly every SM holds two (below
+# it the SMs holding two are the tail); up to TWO_SPLIT_MAX_WAVES, two splits a tile (their clusters run in waves);
+# between, one split at one CTA a SM. Against cuDNN at D=128, 8k keys (bench/LOG.md d24), two CTAs a SM / one / two
+# splits: H100 17 sequences (136 tiles on 132 SMs) 0.841x / 0.937x / 0.984x, 20: 0.926x / 1.019x / 1.066x, 24: 0.930x /
+# 1.054x / 1.033x; H200 17: 0.737x / 0.882x / 0.944x, 26: 0.889x / 1.026x / 1.005x, 30: 0.977x / 1.017x / 0.994x.
+TWO_SPLIT_MAX_WAVES = 1.25
+TWO_CTA_MIN_WAVES = 1.85
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -125,12 +127,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
 
 def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> int:
     """CTAs per SM for `tiles` tiles of `splits` splits each: two (one consumer warpgroup each) where one-split tiles
-    fill the SMs and the tile fits that layout, for a paged cache at any count and for a dense one up to
+    fill TWO_CTA_MIN_WAVES waves (d24) and the tile fits that layout, for a paged cache at any count and for a dense one up to
     TWO_CTA_MAX_WAVES waves; one (two consumers sharing a CTA's loads) elsewhere. Measured against cuDNN in one
     process (bench/LOG.md, "Decode", d11): 32 x 2k 0.970x -> 1.004x, pages of 4 0.720x -> 0.927x, of 16 0.952x ->
     0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
     waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
-    return 2 if spec.fits_two_ctas and splits == 1 and tiles >= sms and waves_ok else 1
+    return 2 if spec.fits_two_ctas and splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok else 1
 
 
 def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:

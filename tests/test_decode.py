@@ -440,7 +440,9 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
 
     spec = DecodeSpec(heads=32, kv_heads=8, head_dim=128)
     assert choose_ctas_per_sm(spec, tiles=256, splits=1, sms=132) == 2
-    assert choose_ctas_per_sm(spec, tiles=132, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=245, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=244, splits=1, sms=132) == 1  # the SMs holding two CTAs would be the tail
+    assert choose_ctas_per_sm(spec, tiles=132, splits=1, sms=132) == 1
     assert choose_ctas_per_sm(spec, tiles=1024, splits=1, sms=132) == 1  # a dense cache of many waves
     assert choose_ctas_per_sm(spec.replace(page_size=16), tiles=1024, splits=1, sms=132) == 2
     assert choose_ctas_per_sm(spec, tiles=64, splits=1, sms=132) == 1   # B=8: under a wave
@@ -617,6 +619,6 @@ def test_two_heads_a_tile_are_chosen_for_128_byte_rows_whose_tiles_fill_the_sms(
 def test_tiles_of_one_to_one_and_a_half_waves_take_two_splits():
     from codegen.decode import choose_splits
 
-    assert [choose_splits(t, 64, 132) for t in (136, 160, 192, 240, 244)] == [2] * 5  # 8k keys in 128-key blocks
-    assert [choose_splits(t, 64, 132) for t in (132, 245, 256, 1024)] == [1, 1, 1, 1]
+    assert [choose_splits(t, 64, 132) for t in (136, 160, 164)] == [2] * 3  # 8k keys in 128-key blocks
+    assert [choose_splits(t, 64, 132) for t in (132, 165, 192, 256, 1024)] == [1] * 5
     assert choose_splits(136, 16, 132) == 1  # 2k keys: a split would keep fewer than SPLIT_MIN_BLOCKS blocks
