@@ -7,42 +7,13 @@
 // consumer does no attention: it waits for a slot, reads a word of it, optionally spins `work_ns`, and frees
 // it. So each configuration's rate is the load path's own ceiling (TMA tensor boxes as the decode kernel
 // loads them, or cp.async of 16 bytes per thread as an sm80-style kernel does), with one or two CTAs per SM.
-#include <cuda.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    auto e_ = (x);                                                                       \
-    if (e_ != 0) {                                                                       \
-      std::printf("%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_);          \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "stream_ring.cuh"
 
 constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2;
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(unsigned bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
-      "r"(phase)
-      : "memory");
-}
 __device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
@@ -50,17 +21,6 @@ __device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, uns
       "l"(map), "r"(bar), "r"(x), "r"(y)
       : "memory");
 }
-__device__ __forceinline__ void spin_ns(int ns) {
-  if (ns <= 0) return;
-  unsigned long long t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (;;) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 >= (unsigned long long)ns) break;
-  }
-}
-
 struct Args {
   int seq, block_n, stages, work_ns, consumer_warps;
   float* sink;
@@ -74,19 +34,12 @@ __global__ void tma_stream(const __grid_constant__ CUtensorMap mk, const __grid_
   unsigned long long* bars = (unsigned long long*)(smem + a.stages * a.block_n * kRowBytes * 2);
   const int head = blockIdx.x, batch = blockIdx.y, blocks = a.seq / a.block_n;
   const unsigned slot_bytes = a.block_n * kRowBytes * 2;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < a.stages; ++s) mbar_init(smem_u32(bars + s), 1), mbar_init(smem_u32(bars + a.stages + s), a.consumer_warps);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(bars, a.stages, a.consumer_warps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
     if (lane != 0) return;
     for (int j = 0; j < blocks; ++j) {
-      const int s = j % a.stages;
-      if (j >= a.stages) mbar_wait(smem_u32(bars + a.stages + s), ((j / a.stages) & 1) ^ 1);
-      const unsigned full = smem_u32(bars + s), dst = smem_u32(smem + s * slot_bytes);
-      mbar_expect_tx(full, slot_bytes);
+      const unsigned full = acquire_slot(bars, a.stages, j, slot_bytes), dst = smem_u32(smem + j % a.stages * slot_bytes);
       const int y = batch * a.seq + j * a.block_n;
       for (int c = 0; c < 2; ++c) tma_2d(dst + c * a.block_n * 128, &mk, full, head * kHeadDim + c * 64, y);
       for (int c = 0; c < 2; ++c)

@@ -5,29 +5,15 @@
 //
 // No attention, as scripts/stream_probe.cu: a consumer warp waits for a slot, reads a word, spins `work_ns`, frees
 // it; consumer warps form key groups of four that take alternate blocks (the ring is even for them).
-#include <cuda.h>
-#include <cuda_runtime.h>
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
-#define CHECK(x) do { auto e_ = (x); if (e_ != 0) { std::printf("%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_); std::exit(1); } } while (0)
+
+#include "stream_ring.cuh"
+
 constexpr int kD = 64, kRowBytes = kD * 2;
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count)); }
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) { asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory"); }
-__device__ __forceinline__ void mbar_arrive(unsigned bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
-  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar), "r"(phase) : "memory");
-}
 __device__ __forceinline__ void tma_3d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y, int z) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
                ::"r"(dst), "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z) : "memory");
-}
-__device__ __forceinline__ void spin_ns(int ns) {
-  if (ns <= 0) return;
-  unsigned long long t0, t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)ns);
 }
 struct Args { int seq, keys, hp, stages, splits, work_ns, consumer_warps; float* sink; };
 // grid (kv_heads / hp, batch, splits); a block is `keys` keys of hp heads: hp * keys rows of 128 bytes.
@@ -38,19 +24,12 @@ __global__ void stream(const __grid_constant__ CUtensorMap mk, const __grid_cons
   unsigned long long* bars = (unsigned long long*)(smem + a.stages * slot);
   const int head = blockIdx.x * a.hp, batch = blockIdx.y, per = a.seq / a.splits, blocks = per / a.keys;
   const int key_base = blockIdx.z * per;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < a.stages; ++s) mbar_init(smem_u32(bars + s), 1), mbar_init(smem_u32(bars + a.stages + s), 4);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_ring(bars, a.stages, 4);  // a key group's four warps free a slot
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
     if (lane != 0) return;
     for (int j = 0; j < blocks; ++j) {
-      const int s = j % a.stages;
-      if (j >= a.stages) mbar_wait(smem_u32(bars + a.stages + s), ((j / a.stages) & 1) ^ 1);
-      const unsigned full = smem_u32(bars + s), dst = smem_u32(smem + s * slot);
-      mbar_expect_tx(full, slot);
+      const unsigned full = acquire_slot(bars, a.stages, j, slot), dst = smem_u32(smem + j % a.stages * slot);
       const int y = batch * a.seq + key_base + j * a.keys;
       tma_3d(dst, &mk, full, 0, head, y);
       tma_3d(dst + tile, &mv, full, 0, head, y);

@@ -1,0 +1,61 @@
+// What scripts/stream_probe.cu and stream_probe_heads.cu share: a TMA ring's mbarriers and a spin for simulated work.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    auto e_ = (x);                                                                       \
+    if (e_ != 0) {                                                                       \
+      std::printf("%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_);          \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+__device__ __forceinline__ void spin_ns(int ns) {
+  if (ns <= 0) return;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < (unsigned long long)ns);
+}
+
+// Thread 0, then the whole CTA: `stages` full barriers (the producer's one arrival) after them `stages` empty ones
+// (`consumers` arrivals each).
+__device__ __forceinline__ void init_ring(unsigned long long* bars, int stages, int consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(bars + s), 1), mbar_init(smem_u32(bars + stages + s), consumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// The producer's block j: waits until its slot is free, arms the slot's full barrier with `bytes`, returns it.
+__device__ __forceinline__ unsigned acquire_slot(unsigned long long* bars, int stages, int j, unsigned bytes) {
+  const int s = j % stages;
+  if (j >= stages) mbar_wait(smem_u32(bars + stages + s), ((j / stages) & 1) ^ 1);
+  const unsigned full = smem_u32(bars + s);
+  mbar_expect_tx(full, bytes);
+  return full;
+}
