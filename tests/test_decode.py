@@ -616,7 +616,7 @@ def test_two_heads_a_tile_are_chosen_for_128_byte_rows_whose_tiles_fill_the_sms(
         assert choose_head_pack(one, tiles=1024, sms=132) == 1, one
 
 
-def test_tiles_of_one_to_one_and_a_half_waves_take_two_splits():
+def test_tiles_just_over_a_wave_take_two_splits():
     from codegen.decode import choose_splits
 
     assert [choose_splits(t, 64, 132) for t in (136, 160, 164)] == [2] * 3  # 8k keys in 128-key blocks
