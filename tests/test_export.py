@@ -226,10 +226,12 @@ def test_blackwell_launcher_follows_its_abi(spec, tmp_path):
     assert f"<<<dim3(ctas), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher  # persistent
 
 
-def test_stream_probe_compiles(tmp_path, nvcc):
-    # scripts/stream_probe.cu measured the L2 promotion the decode maps take (bench/LOG.md, "Decode", d5); it is
-    # built on the GPU machine by hand, so CI keeps it compiling.
-    probe = Path(gen.__file__).resolve().parent / "scripts" / "stream_probe.cu"
+@pytest.mark.parametrize("name", ["stream_probe.cu", "stream_probe_heads.cu"])
+def test_stream_probe_compiles(tmp_path, nvcc, name):
+    # scripts/stream_probe.cu measured the L2 promotion the decode maps take (bench/LOG.md, "Decode", d5), and
+    # stream_probe_heads.cu the two-head boxes (d23); they are built on the GPU machine by hand, so CI keeps them
+    # compiling.
+    probe = Path(gen.__file__).resolve().parent / "scripts" / name
     result = subprocess.run([nvcc, "-O3", "-arch=sm_90a", "-std=c++17", "-c", str(probe), "-o", str(tmp_path / "probe.o")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"nvcc failed:\n{result.stdout}\n{result.stderr}"
