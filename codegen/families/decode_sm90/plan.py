@@ -102,7 +102,7 @@ SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 # 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe_heads.cu). Two heads' rows then share
 # the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
 HEAD_PACKS = (1, 2)
-MIN_PACKED_BLOCK_N = 64  # DecodeSpec's least block_n
+MIN_BLOCK_N, MAX_BLOCK_N = 64, 256  # keys per ring slot (a head pack's blocks go down to the least)
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ class DecodeSpec:
         need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: pages of {', '.join(map(str, PAGE_SIZES[1:]))} "
              "rows (a power of two up to a TMA box's 256), or 0 for a dense cache")
         need(not self.gather or self.page_size > 0, "gather loads a paged cache's rows; it needs a page_size")
-        need(self.block_n == 0 or (self.block_n % MMA_K == 0 and 64 <= self.block_n <= 256),
-             f"block_n must be a multiple of {MMA_K} in 64..256, got {self.block_n}")
+        need(self.block_n == 0 or (self.block_n % MMA_K == 0 and MIN_BLOCK_N <= self.block_n <= MAX_BLOCK_N),
+             f"block_n must be a multiple of {MMA_K} in {MIN_BLOCK_N}..{MAX_BLOCK_N}, got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
              f"stages must be {MIN_STAGES}..{MAX_STAGES} (0: as many as fit), got {self.stages}")
         need(isinstance(self.ctas_per_sm, int) and self.ctas_per_sm in CTAS_PER_SM,
@@ -259,8 +259,8 @@ def resolve(spec: DecodeSpec) -> DecodeSpec:
     swappable = spec.swap is not False and spec.swap_refusal(TWO_CTA_BLOCK_N.get(spec.head_dim, 0)) is None
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather and not swappable else TWO_CTA_BLOCK_N
     # A head pack keeps a slot's bytes where it can: its tile rows (head_pack x block_n) are the default block's,
-    # down to blocks of MIN_PACKED_BLOCK_N keys.
-    block_n = spec.block_n or max(MIN_PACKED_BLOCK_N, (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
+    # down to blocks of MIN_BLOCK_N keys.
+    block_n = spec.block_n or max(MIN_BLOCK_N, (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
                                   // spec.head_pack)
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
