@@ -41,6 +41,7 @@ import time
 from layouts.dtypes import DTYPE_NAMES
 
 from .cuda_env import PIP_HINT_TORCH as TORCH_HINT
+from .families.decode_sm90.plan import HEAD_PACKS
 
 # The kernels checked into generated/ (tests/test_codegen.py proves they are current): the seed shape with
 # the plan's default tile (what `flashgen --shape 1024,64,128` emits), and with the two PV splits of a 128-key
@@ -164,10 +165,10 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
                         help="with --decode: 1 (default) runs two consumer warpgroups per CTA; 2 one per CTA, two CTAs "
                              "per SM (tiles of at most 64 packed rows, D <= 128; what attention_with_kvcache picks "
                              "where the tiles fill the SMs)")
-    parser.add_argument("--head-pack", type=int, default=1, choices=(1, 2),
-                        help="with --decode: K/V heads per tile; 2 loads two adjacent heads' rows by one TMA box (a "
-                             "dense cache, tiles of at most 16 packed rows; what attention_with_kvcache picks at D=64 "
-                             "where the tiles fill the SMs)")
+    parser.add_argument("--head-pack", type=int, default=1, choices=HEAD_PACKS,
+                        help="with --decode: K/V heads per tile, their rows loaded by one TMA box (tiles of at most 16 "
+                             "packed rows; pages by TMA, not gathered); what attention_with_kvcache picks: 2 at D=64 "
+                             "where the tiles fill the SMs")
     parser.add_argument("--backward", action="store_true",
                         help="the backward kernels instead (dQ, dK, dV of this forward: codegen.attention(...)"
                              ".backward()); D 64, 96, 128, 192 or 256 on sm_90a")
@@ -266,7 +267,8 @@ def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
     return resolve(DecodeSpec(heads=heads, kv_heads=args.kv_heads or heads, head_dim=dim, q_len=args.decode,
                               dtype=args.dtype, causal=args.causal, window=window, softcap=args.softcap,
                               block_n=args.block_n, stages=args.stages, arch=args.arch, page_size=args.page_size,
-                              gather=gather_by_default(args.page_size, args.gather), ctas_per_sm=args.ctas_per_sm,
+                              gather=gather_by_default(args.page_size, args.gather, args.head_pack),
+                              ctas_per_sm=args.ctas_per_sm,
                               head_pack=args.head_pack))
 
 

@@ -142,7 +142,8 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     process): 32 x 8k (128 two-head tiles) 0.960x -> 1.001x, 128 x 2k 1.000x -> 1.025x, 32 x 2k 1.004x -> 1.028x, S_q=2
     at 32 x 8k +3.7%; where the two-head tiles leave a quarter of the SMs idle, 17-24 x 8k, they ran 0.84-0.89x
     (d24), 8 x 32k (tiles few enough to split) lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties."""
-    if spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES or tiles // 2 < sms - sms // HEAD_PACK_IDLE_SMS:
+    if spec.page_size or spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES \
+            or tiles // 2 < sms - sms // HEAD_PACK_IDLE_SMS:
         return 1
     try:
         resolve(spec.replace(head_pack=2))
@@ -353,7 +354,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
         spec = DecodeSpec(heads=heads, kv_heads=kv_heads, head_dim=dim, q_len=q_len,
                           dtype=BY_TORCH_NAME[str(q.dtype).split(".")[-1]].name, causal=bool(causal),
                           window=tuple(window) if window else (-1, -1), softcap=float(softcap), block_n=block_n,
-                          stages=stages, page_size=page_size, gather=gather_by_default(page_size, gather),
+                          stages=stages, page_size=page_size,
+                          gather=gather_by_default(page_size, gather, head_pack),
                           ctas_per_sm=ctas_per_sm or 1, swap=None if swap is None else bool(swap),
                           head_pack=head_pack or 1)
         sms = _sm_count(q.device.index or 0)

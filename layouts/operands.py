@@ -108,6 +108,22 @@ class TensorMapRecipe:
             groups = shr(seq_start, 3)
         return (0, 0, 0, head, batch_index * (seq_len // 8) + groups)
 
+    @property
+    def key_dim(self) -> int:
+        """The tensor-map dimension that walks a row tile's keys."""
+        self._need_row_tiles()
+        return 2 if self.head_pack > 1 else 1
+
+    @property
+    def col_block_dim(self) -> int:
+        """The tensor-map dimension that walks the head dim's atoms (a row tile's box spans them all)."""
+        self._need_row_tiles()
+        return 3 if self.head_pack > 1 else 2
+
+    def _need_row_tiles(self) -> None:
+        if self.kind != "row_tiles":
+            raise LayoutError(f"a {self.kind} map has no key and atom dimensions of its own; row tiles do")
+
     def describe(self) -> dict:
         return {"rank": self.rank, "dims": list(self.dims_symbolic), "strides_bytes": list(self.strides_symbolic),
                 "box": list(self.box), "box_bytes": self.box_bytes, "elem_strides": [1] * self.rank,

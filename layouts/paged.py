@@ -20,6 +20,10 @@ page table is a permutation.
 The loads are affine in (page of the block i, column block c): load (i, c) writes from tile byte
 i * page_stride + c * col_stride, the form the kernel computes (templates/decode_sm90/kernel.cu.j2); `verify`
 checks the load list is that form too.
+
+A tile of a head pack (layouts.operands: row head_pack * key + h is head h of the pack) takes the same loads over
+its keys: a page's rows of all the pack's heads are one box (head_pack x page_rows rows of the tile), so a
+page of 16 rows at 4 heads is one 8 KB box per column block where one head's is 2 KB.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import LayoutError
-from .operands import OperandDerivation
+from .operands import OperandDerivation, TensorMapRecipe
 from .tma import SMEM_ALIGN, TensorMapParams, place_box
 from .verify import Mismatch, compare_maps
 
@@ -38,7 +42,7 @@ MIN_PAGE_ROWS, MAX_PAGE_ROWS = 1, 256  # a row; a TMA box dimension's 256
 
 @dataclass(frozen=True)
 class SubLoad:
-    row: int          # the tile's first row this load writes (a multiple of page_rows, or 0)
+    row: int          # the tile's first row this load writes (a multiple of a page's rows, or 0)
     col_block: int    # the atom column block (0 where one load writes them all)
     smem_offset: int  # the tile's byte the load's box starts at: the lowest byte of its rows of the block
 
@@ -73,10 +77,24 @@ class PagedTile:
                                params.swizzle_bytes, params.elem_bytes, params.dtype, params.global_address,
                                params.l2_promotion_bytes)
 
+    @property
+    def head_pack(self) -> int:
+        return self.tile.tensor_map.head_pack
+
+    @property
+    def keys(self) -> int:
+        """Keys of a tile (its rows over the head pack's heads)."""
+        return self.tile.block_rows // self.head_pack
+
     def affine_load(self, page: int, col_block: int) -> SubLoad:
         """Load (page `page` of the tile, column block `col_block`) as the kernel computes it."""
-        return SubLoad(page * min(self.page_rows, self.tile.block_rows), col_block,
+        return SubLoad(page * min(self.page_rows, self.keys) * self.head_pack, col_block,
                        page * self.page_stride + col_block * self.col_stride)
+
+    def origin(self, *, page, token, col_block, head) -> tuple:
+        """Tensor-map coordinates (innermost first) of a load of page `page` from its row `token`, column block
+        `col_block`, head (the pack's first) `head`: numbers, or the C names the kernel computes them in."""
+        return load_origin(self.tile.tensor_map, page=page, token=token, col_block=col_block, head=head)
 
     def verify(self) -> list[Mismatch]:
         """Where the loads are not the affine (page, column block) form the kernel computes, and where an element
@@ -90,18 +108,18 @@ class PagedTile:
         return found + self._verify_tma()
 
     def _verify_tma(self) -> list[Mismatch]:
-        t, p = self.tile, self.page_rows
-        heads, head = 3, 2
-        pages_per_tile = max(1, t.block_rows // p)
+        t, p, pack, n_keys = self.tile, self.page_rows, self.head_pack, self.keys
+        heads, head = 3 * pack, 2 * pack  # the third pack of heads (the third head of three without one)
+        pages_per_tile = max(1, n_keys // p)
         num_pages = 3 * pages_per_tile + 1
         order = list(reversed(range(num_pages)))[:pages_per_tile]  # the tile's pages, out of order
-        row0 = p - t.block_rows if p > t.block_rows else 0          # a page's last block, where it has several
+        row0 = p - n_keys if p > n_keys else 0                   # a page's last block, where it has several
         strides = dict(stride_h=t.head_dim, stride_row=heads * t.head_dim, stride_page=p * heads * t.head_dim)
         params = self.instantiate(num_pages=num_pages, heads=heads, base_address=1 << 20, **strides)
         global_addr, smem = [], []
         for load in self.loads:
-            page = order[load.row // p] if p < t.block_rows else order[0]
-            origin = (0, row0 + (load.row % p if p < t.block_rows else 0), load.col_block, head, page)
+            page = order[load.row // (p * pack)] if p < n_keys else order[0]
+            origin = self.origin(page=page, token=row0, col_block=load.col_block, head=head)
             placed = place_box(params, origin, smem_address=load.smem_offset)
             global_addr.append(placed.global_address)
             smem.append(placed.smem_offset + load.smem_offset)
@@ -112,12 +130,13 @@ class PagedTile:
         keys, values = keys[sort], values[sort]
         row_name, col_name = t.coords_names
 
-        def landed(c):
+        def landed(c):  # tile row pack * key + h: key `key` of head `head + h`
             rows, cols = np.asarray(c[row_name]), np.asarray(c[col_name])
-            page = np.asarray(order, dtype=np.int64)[rows // p] if p < t.block_rows else order[0]
-            in_page = rows % p if p < t.block_rows else row0 + rows
+            key, h = rows // pack, rows % pack
+            page = np.asarray(order, dtype=np.int64)[key // p] if p < n_keys else order[0]
+            in_page = key % p if p < n_keys else row0 + key
             addr = params.global_address + t.elem_bytes * (page * strides["stride_page"] + in_page * strides["stride_row"]
-                                                           + head * strides["stride_h"] + cols)
+                                                           + (head + h) * strides["stride_h"] + cols)
             pos = np.clip(np.searchsorted(keys, addr), 0, len(keys) - 1)
             return np.where(keys[pos] == addr, values[pos], -1)
 
@@ -128,24 +147,25 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
     """The loads that fill `tile` (a K or V tile of block_rows keys) from `page_rows`-row pages, verified."""
     if tile.operand not in ("k", "v") or tile.tensor_map.kind != "row_tiles":
         raise LayoutError(f"{tile.operand}: paged loads are for K and V row tiles")
-    if tile.tensor_map.head_pack > 1:
-        raise LayoutError(f"{tile.operand}: paged loads fill one head's rows; a tile of {tile.tensor_map.head_pack} "
-                          "interleaved heads is loaded from a dense cache only")
     if page_rows & (page_rows - 1) or not MIN_PAGE_ROWS <= page_rows <= MAX_PAGE_ROWS:
         raise LayoutError(f"page size {page_rows}: a power of two in {MIN_PAGE_ROWS}..{MAX_PAGE_ROWS} (a TMA box "
                           f"holds at most {MAX_PAGE_ROWS} rows)")
     recipe = tile.tensor_map
-    if page_rows >= tile.block_rows:
-        if page_rows % tile.block_rows:
-            raise LayoutError(f"page size {page_rows} is not a multiple of the {tile.block_rows}-key block")
+    pack = recipe.head_pack
+    keys = tile.block_rows // pack
+    if page_rows >= keys:
+        if page_rows % keys:
+            raise LayoutError(f"page size {page_rows} is not a multiple of the {keys}-key block")
         loads, box, pages, cols = (SubLoad(0, 0, 0),), recipe.box, 1, 1
     else:
-        if tile.block_rows % page_rows:
-            raise LayoutError(f"the {tile.block_rows}-key block is not a whole number of {page_rows}-row pages")
-        pages, cols = tile.block_rows // page_rows, recipe.col_blocks
-        loads = tuple(SubLoad(r, c, _lowest_byte(tile, r, page_rows, c)) for r in range(0, tile.block_rows, page_rows)
+        if keys % page_rows:
+            raise LayoutError(f"the {keys}-key block is not a whole number of {page_rows}-row pages")
+        pages, cols, rows = keys // page_rows, recipe.col_blocks, page_rows * pack
+        loads = tuple(SubLoad(r, c, _lowest_byte(tile, r, rows, c)) for r in range(0, tile.block_rows, rows)
                       for c in range(cols))
-        box = (recipe.atom_cols, page_rows, 1, 1, 1)
+        box = list(recipe.box)  # the tile's box, narrowed to one page's keys and one column block
+        box[recipe.key_dim], box[recipe.col_block_dim] = page_rows, 1
+        box = tuple(box)
         for load in loads:
             if load.smem_offset % SMEM_ALIGN:
                 row_bytes = recipe.atom_cols * tile.elem_bytes
@@ -153,7 +173,7 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
                     f"{tile.operand} from {page_rows}-row pages: the load of tile rows {load.row}.. would start at "
                     f"tile byte {load.smem_offset}, and a TMA destination must be {SMEM_ALIGN}-byte aligned (rows "
                     f"of {row_bytes} bytes under the {recipe.swizzle.name} swizzle need pages of "
-                    f"{max(1, SMEM_ALIGN // row_bytes)} rows or more, or a gathered load: the decode kernel's gather=True)")
+                    f"{max(1, SMEM_ALIGN // row_bytes // pack)} rows or more, or a gathered load: the decode kernel's gather=True)")
     page_stride = loads[cols].smem_offset if pages > 1 else 0
     col_stride = loads[1].smem_offset if cols > 1 else 0
     paged = PagedTile(tile, page_rows, loads, box, pages, cols, page_stride, col_stride)
@@ -161,6 +181,14 @@ def paged_tile(tile: OperandDerivation, page_rows: int) -> PagedTile:
     if found:
         raise LayoutError(f"{tile.operand} from {page_rows}-row pages: {len(found)} mismatches, first {found[0]}")
     return paged
+
+
+def load_origin(recipe: TensorMapRecipe, *, page, token, col_block, head) -> tuple:
+    """Tensor-map coordinates (innermost first) of a paged load: page `page` (the map's batch) from its row
+    `token`, column block `col_block`, head (a pack's first) `head`; numbers or C names alike."""
+    origin = list(recipe.box_origin(batch_index=page, seq_start=token, head=head, seq_len=0))
+    origin[recipe.col_block_dim] = col_block
+    return tuple(origin)
 
 
 def _lowest_byte(tile: OperandDerivation, row: int, rows: int, col_block: int) -> int:

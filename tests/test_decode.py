@@ -138,6 +138,33 @@ def test_paged_tiles_are_gathered_by_verified_loads():
     assert (small.pages, small.cols, small.page_stride, small.col_stride) == (8, 2, 2048, 16384)
 
 
+def test_a_head_packs_pages_are_one_box_over_its_heads_rows():
+    """Four heads a tile: a 16-row page's rows of all four are one 8 KB box per column block (a head's alone is 2
+    KB), placed as tile rows 4 x key + head; a page holding the block is the tile's own box from the page's row."""
+    import layouts
+    from layouts.paged import SubLoad, paged_tile
+
+    k = layouts.derive_operand("k", arch="sm_90a", head_dim=128, block_rows=128, dtype="bf16", head_pack=4)
+    paged = paged_tile(k, 16)  # 32 keys of 4 heads: 2 pages x 2 column blocks
+    assert (paged.keys, paged.box, paged.load_bytes) == (32, (64, 4, 16, 1, 1), 8192)
+    assert paged.loads == (SubLoad(0, 0, 0), SubLoad(0, 1, 16384), SubLoad(64, 0, 8192), SubLoad(64, 1, 24576))
+    assert paged.origin(page=7, token=0, col_block=1, head=4) == (0, 4, 0, 1, 7)  # (cols, head, row, atom, page)
+    whole = paged_tile(k, 64)
+    assert whole.loads == (SubLoad(0, 0, 0),) and whole.box == k.tensor_map.box == (64, 4, 32, 2, 1)
+    small = paged_tile(k, 4)
+    assert small.box == (64, 4, 4, 1, 1) and (small.pages, small.page_stride) == (8, 2048)
+    for one in (paged, small):  # a load placed one page off, or on the next head, is caught by the TMA model
+        moved = (SubLoad(0, 0, one.page_stride),) + one.loads[1:]
+        assert found_by_tma(dataclasses.replace(one, loads=moved))
+        assert found_by_tma(dataclasses.replace(one, loads=(SubLoad(0, 0, 128),) + one.loads[1:]))
+    p = plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16, head_pack=4)
+    assert not p.spec.gather and (p.spec.block_n, p.tile_rows) == (32, 128) and p.k_pages.loads == paged.loads
+    source = build(p.spec, family="decode_sm90").rendered.source
+    assert "map, bar, 0, head, key % cfg::kPageRowsOr1, c, pages.page[n]);" in source  # load_origin's order
+    assert "map, bar, 0, key % cfg::kPageRowsOr1, c, head, pages.page[n]);" in \
+        build(plan_of(heads=32, kv_heads=8, head_dim=128, page_size=16).spec, family="decode_sm90").rendered.source
+
+
 def found_by_tma(paged) -> list:
     """The mismatches of the TMA model's check alone (verify also checks the loads' affine form)."""
     return [m for m in paged.verify() if m.check.startswith("paged TMA")]
@@ -583,8 +610,9 @@ def test_two_head_tiles_halve_the_grid_and_keep_a_slots_bytes():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(heads=12, kv_heads=3), "do not divide"),
-                                        (dict(page_size=16), "dense cache"), (dict(swap=False), "swapped products"),
-                                        (dict(head_pack=4), "head_pack must be")])
+                                        (dict(page_size=4, gather=True), "not gathered"),
+                                        (dict(swap=False), "swapped products"), (dict(head_pack=3), "head_pack must be"),
+                                        (dict(head_pack=4, block_n=8), "at least 64 rows")])
 def test_two_head_tiles_refuse_what_they_cannot_load(bad, match):
     with pytest.raises(SpecError, match=match):
         DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=64, head_pack=2), **bad})
@@ -596,11 +624,14 @@ def test_two_head_tiles_of_more_rows_than_the_swapped_products_take_are_refused(
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(ctas_per_sm=2), dict(q_len=2, window=(100, -1), softcap=30.0),
-                                dict(heads=16, head_dim=128, dtype="f16")])
-def test_two_head_kernels_compile_without_spills(kw):
+                                dict(heads=16, head_dim=128, dtype="f16"), dict(page_size=16),
+                                dict(head_dim=128, head_pack=4, page_size=4), dict(head_dim=128, head_pack=4, page_size=1),
+                                dict(head_dim=128, head_pack=4, page_size=16, ctas_per_sm=2),
+                                dict(heads=16, kv_heads=4, head_dim=256, head_pack=4, page_size=8)])
+def test_head_pack_kernels_compile_without_spills(kw):
     built = build(DecodeSpec(**{**dict(heads=32, kv_heads=8, head_dim=64, head_pack=2), **kw}), family="decode_sm90")
     name = built.rendered.kernel_name
-    assert name.endswith("_hp2") and name in built.compiled.registers
+    assert name.endswith(f"_hp{built.spec.head_pack}") and name in built.compiled.registers
     assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
 
 

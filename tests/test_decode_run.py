@@ -180,8 +180,8 @@ def test_gather_is_refused_outside_decode(tmp_path, capsys):
     assert gen.main(["--shape", "1024,32,64", "--backward", "--head-pack", "2", "--out", str(tmp_path / "out")]) == 2
     assert "--head-pack does not apply to the backward kernels" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,64", "--kv-heads", "8", "--decode", "1", "--head-pack", "2", "--page-size",
-                     "16", "--out", str(tmp_path / "out")]) == 2
-    assert "a paged cache's tiles take one head each" in one_error_line(capsys)
+                     "4", "--gather", "--out", str(tmp_path / "out")]) == 2
+    assert "loads the heads' rows by TMA boxes, not gathered" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,128", "--ctas-per-sm", "2", "--out", str(tmp_path / "out")]) == 2
     assert "are for the decode kernel: add --decode" in one_error_line(capsys)
     assert gen.main(["--shape", "1024,32,128", "--backward", "--gather", "--out", str(tmp_path / "out")]) == 2

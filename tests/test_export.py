@@ -226,7 +226,7 @@ def test_blackwell_launcher_follows_its_abi(spec, tmp_path):
     assert f"<<<dim3(ctas), dim3({plan.threads}), {plan.smem.total}, stream>>>" in launcher  # persistent
 
 
-@pytest.mark.parametrize("name", ["stream_probe.cu", "stream_probe_heads.cu"])
+@pytest.mark.parametrize("name", ["stream_probe.cu", "stream_probe_heads.cu", "stream_probe_pages.cu"])
 def test_stream_probe_compiles(tmp_path, nvcc, name):
     # scripts/stream_probe.cu measured the L2 promotion the decode maps take (bench/LOG.md, "Decode", d5), and
     # stream_probe_heads.cu the two-head boxes (d23); they are built on the GPU machine by hand, so CI keeps them

@@ -290,7 +290,7 @@ SMALL_PAGES = [
 
 
 def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed=0, gather=False, ctas_per_sm=0,
-                        **options):
+                        head_pack=0, **options):
     """attention_with_kvcache over shuffled paged copies of the dense (NaN past each length) caches k, v; `options`
     are the call's masks (the reference takes them too), the others its tuning."""
     from codegen.decode_run import paged_caches
@@ -300,7 +300,7 @@ def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed
     out = torch.full_like(q, float("nan"))
     o, lse = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, block_n=block_n,
                                     out=out, return_lse=True, check=True, gather=gather, ctas_per_sm=ctas_per_sm,
-                                    **options)
+                                    head_pack=head_pack, **options)
     assert_matches_float64(o, lse, q, k, v, lengths, options)
 
 
@@ -433,6 +433,46 @@ def test_two_heads_a_tile_match_float64(batch, sq, heads, kv_heads, dim, dtype, 
     run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=2, **options)
     (launcher,) = decode._LAUNCHERS.values()
     assert launcher.plan.spec.head_pack == 2 and launcher.plan.grid(batch, 1)[1] == kv_heads // 2
+
+
+# Head packs over paged caches (d25): a page's rows of the pack's heads one TMA box per column block, or the
+# tile's own box from a page that holds the block; tile row pack x key + head, the other heads' scores masked.
+PAGED_PACKS = [
+    # page, head pack, S_q, H, H_kv, D, dtype, options
+    (16, 4, 1, 32, 8, 128, torch.bfloat16, {}),
+    (4, 4, 1, 32, 8, 128, torch.bfloat16, {}),
+    (1, 4, 1, 16, 8, 128, torch.float16, {}),           # 1-row pages: 4 x 128-byte rows a load
+    (64, 4, 2, 16, 8, 128, torch.bfloat16, dict(window=(100, -1))),  # a page holds 32-key blocks
+    (16, 2, 1, 32, 8, 64, torch.bfloat16, dict(softcap=30.0)),
+    (8, 4, 1, 16, 4, 256, torch.bfloat16, {}),          # 16-key blocks of 64 rows
+    (16, 4, 1, 32, 8, 128, torch.bfloat16, dict(sinks=True, causal=False)),
+]
+
+
+@pytest.mark.parametrize("page, pack, sq, heads, kv_heads, dim, dtype, options", PAGED_PACKS)
+@pytest.mark.parametrize("num_splits, ctas_per_sm", [(1, 1), (0, 0), (5, 1), (3, 2)])
+def test_head_packs_over_pages_match_float64(page, pack, sq, heads, kv_heads, dim, dtype, options, num_splits,
+                                             ctas_per_sm):
+    from codegen import decode
+
+    lengths = [1000, 0, 1, page, page + 1, 999, 129, 511]  # full, empty, page edges, block edges
+    k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=16 + page)
+    q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.randn(heads, device="cuda", dtype=torch.float32) * 2
+    decode._LAUNCHERS.clear()
+    if dim == 256 and ctas_per_sm == 2:
+        with pytest.raises(InputError, match="two CTAs per SM fit head dims"):
+            run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, seed=page, ctas_per_sm=ctas_per_sm,
+                                head_pack=pack, **options)
+        return
+    run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, seed=page, ctas_per_sm=ctas_per_sm,
+                        head_pack=pack, **options)
+    (launcher,) = decode._LAUNCHERS.values()
+    spec = launcher.plan.spec
+    assert spec.head_pack == pack and spec.page_size == page and not spec.gather
+    assert launcher.plan.grid(len(lengths), 1)[1] == kv_heads // pack
 
 
 def test_two_heads_a_tile_attend_their_appended_tokens():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from layouts import fragments
 from layouts.operands import WGMMA_M
+from layouts.paged import load_origin
 
 from codegen.abi import MBARRIER_BYTES
 
@@ -19,6 +20,8 @@ from .plan import APPEND_SUFFIX, THREADS_PER_WARPGROUP, WARPS_PER_WARPGROUP, Dec
 __all__ = ["DecodeSpec", "Plan", "FAMILY", "make_plan", "resolve"]
 
 TMA_COORD_PARAMS = ("row", "head", "batch")
+# The C names load_{k,v}_pages computes a paged load's coordinates in (layouts.paged.load_origin).
+PAGED_LOAD_NAMES = dict(page="pages.page[n]", token="key % cfg::kPageRowsOr1", col_block="c", head="head")
 
 
 def append_name(spec: DecodeSpec) -> str:
@@ -82,7 +85,8 @@ def context(plan: Plan) -> dict:
     # A dense cache's kernel has the paged loaders too (one whole-tile load), uncalled: its branch is if constexpr.
     paged_tiles = [{"name": name, "box": pages.box if pages else getattr(plan, name).tensor_map.box,
                     "pages": pages.pages if pages else 1, "cols": pages.cols if pages else 1,
-                    "page_stride": pages.page_stride if pages else 0, "col_stride": pages.col_stride if pages else 0}
+                    "page_stride": pages.page_stride if pages else 0, "col_stride": pages.col_stride if pages else 0,
+                    "coords": ", ".join(map(str, load_origin(getattr(plan, name).tensor_map, **PAGED_LOAD_NAMES)))}
                    for name, pages in (("k", plan.k_pages), ("v", plan.v_pages))]
     left, right = plan.window_bounds
     return {

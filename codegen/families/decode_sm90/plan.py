@@ -101,8 +101,10 @@ SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 # head-major (H100, bench/LOG.md d22), and a bare TMA stream of boxes over two adjacent heads (256-byte pieces) ran
 # 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe_heads.cu). Two heads' rows then share
 # the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
-HEAD_PACKS = (1, 2)
-MIN_BLOCK_N, MAX_BLOCK_N = 64, 256  # keys per ring slot (a head pack's blocks go down to the least)
+# A paged cache's page holds every head's rows of its keys, one head's 256 bytes 2 KB from the next key's (D=128),
+# so a one-head tile loads a page's rows as 2 KB boxes (16-row pages); four heads a tile load 8 KB boxes (d25).
+HEAD_PACKS = (1, 2, 4)
+MIN_BLOCK_N, MAX_BLOCK_N = 64, 256  # rows (keys x packed heads) and keys per ring slot
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,10 @@ class DecodeSpec:
         need(self.page_size in PAGE_SIZES, f"page_size {self.page_size}: pages of {', '.join(map(str, PAGE_SIZES[1:]))} "
              "rows (a power of two up to a TMA box's 256), or 0 for a dense cache")
         need(not self.gather or self.page_size > 0, "gather loads a paged cache's rows; it needs a page_size")
-        need(self.block_n == 0 or (self.block_n % MMA_K == 0 and MIN_BLOCK_N <= self.block_n <= MAX_BLOCK_N),
-             f"block_n must be a multiple of {MMA_K} in {MIN_BLOCK_N}..{MAX_BLOCK_N}, got {self.block_n}")
+        need(self.block_n == 0 or (self.block_n % MMA_K == 0 and self.block_n <= MAX_BLOCK_N
+                                   and MIN_BLOCK_N <= self.block_n * self.head_pack),
+             f"block_n must be a multiple of {MMA_K} up to {MAX_BLOCK_N}, of at least {MIN_BLOCK_N} rows with its "
+             f"head pack's {self.head_pack} head(s) ({MIN_BLOCK_N // self.head_pack} keys), got {self.block_n}")
         need(self.stages == 0 or MIN_STAGES <= self.stages <= MAX_STAGES,
              f"stages must be {MIN_STAGES}..{MAX_STAGES} (0: as many as fit), got {self.stages}")
         need(isinstance(self.ctas_per_sm, int) and self.ctas_per_sm in CTAS_PER_SM,
@@ -162,8 +166,7 @@ class DecodeSpec:
         if self.head_pack > 1:
             need(self.kv_heads % self.head_pack == 0,
                  f"head_pack {self.head_pack} takes K/V heads {self.head_pack} at a time; {self.kv_heads} do not divide")
-            need(self.page_size == 0, "head_pack > 1 loads two heads' rows by one box from a dense cache; a paged "
-                 "cache's tiles take one head each")
+            need(not self.gather, "head_pack > 1 loads the heads' rows by TMA boxes, not gathered (gather=False)")
             need(self.swap is not False, "head_pack > 1 runs the swapped products (the heads' rows share N)")
         if self.swap:
             why = self.swap_refusal(self.block_n)
@@ -258,10 +261,8 @@ class SwapRegion:
 def resolve(spec: DecodeSpec) -> DecodeSpec:
     swappable = spec.swap is not False and spec.swap_refusal(TWO_CTA_BLOCK_N.get(spec.head_dim, 0)) is None
     two_cta = GATHER_TWO_CTA_BLOCK_N if spec.gather and not swappable else TWO_CTA_BLOCK_N
-    # A head pack keeps a slot's bytes where it can: its tile rows (head_pack x block_n) are the default block's,
-    # down to blocks of MIN_BLOCK_N keys.
-    block_n = spec.block_n or max(MIN_BLOCK_N, (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim]
-                                  // spec.head_pack)
+    # A head pack keeps a slot's bytes: its tile rows (head_pack x block_n) are the default block's.
+    block_n = spec.block_n or (two_cta if spec.ctas_per_sm > 1 else DEFAULT_BLOCK_N)[spec.head_dim] // spec.head_pack
     spec = spec.replace(block_n=block_n)
     if spec.swap is None:
         why = spec.swap_refusal(block_n)
@@ -633,12 +634,12 @@ def _sixteen_byte_run(tile: layouts.OperandDerivation, dim: str, use: str) -> in
     return elems
 
 
-def gather_by_default(page_size: int, gather: bool | None = None) -> bool:
+def gather_by_default(page_size: int, gather: bool | None = None, head_pack: int = 1) -> bool:
     """Whether a paged cache's rows are gathered by cp.async: `gather` where the caller chose, else for pages of at
-    most GATHER_MAX_PAGE_ROWS rows."""
+    most GATHER_MAX_PAGE_ROWS rows of one head a tile (a head pack's boxes span its heads: TMA)."""
     if gather is not None:
         return bool(gather)
-    return 0 < page_size <= GATHER_MAX_PAGE_ROWS
+    return 0 < page_size <= GATHER_MAX_PAGE_ROWS and head_pack < 2
 
 
 def make_plan(spec: DecodeSpec) -> Plan:
