@@ -75,8 +75,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     back on a stream lose less of a launch gap between them (bench/LOG.md, "Decode", d14). `swap` (None: chosen)
     True runs the swapped products (S^T = K Q^T, O^T = V^T P^T: the packed rows as wgmma's N, for tiles of up to
     16 rows), False the plain ones (the rows as wgmma's M of 64); chosen where they apply (bench/LOG.md d18).
-    `head_pack` (0: chosen) 2 has each CTA take two adjacent K/V heads of a dense cache, loaded by one box (256-byte
-    pieces of each key's row at D=64; choose_head_pack), 1 one head.
+    `head_pack` (0: chosen) 2 or 4 has each CTA take that many adjacent K/V heads, loaded by one box (256-byte
+    pieces of each key's row at D=64; choose_head_pack picks 2 there for dense caches), 1 one head; over a paged
+    cache a pack loads each page's rows of its heads by TMA (not gathered; measured no faster at D=128, d25).
 
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
@@ -141,7 +142,8 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     fit the swapped products; else one. On an H100 (bench/LOG.md d23, D=64, 32/8 heads, against cuDNN in one
     process): 32 x 8k (128 two-head tiles) 0.960x -> 1.001x, 128 x 2k 1.000x -> 1.025x, 32 x 2k 1.004x -> 1.028x, S_q=2
     at 32 x 8k +3.7%; where the two-head tiles leave a quarter of the SMs idle, 17-24 x 8k, they ran 0.84-0.89x
-    (d24), 8 x 32k (tiles few enough to split) lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties."""
+    (d24), 8 x 32k (tiles few enough to split) lost (0.977x -> 0.952x), and at D=128 (256-byte pieces) it ties.
+    Paged caches keep one head: packs of 2 and 4 over pages of 4 and 16 rows tied or lost at D=128 (d25)."""
     if spec.page_size or spec.head_dim * spec.elem_bytes > HEAD_PACK_PIECE_BYTES \
             or tiles // 2 < sms - sms // HEAD_PACK_IDLE_SMS:
         return 1
