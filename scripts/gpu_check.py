@@ -103,6 +103,21 @@ def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
     return (f"clocks {shape}", "OK" if rc == 0 else f"FAIL rc={rc}", detail, secs)
 
 
+# GPU memory per pytest worker: tests/test_gpu.py's largest cases hold up to ~17 GiB at once (float64 references of
+# 3 GiB among them); eight workers on an 80 GB H100 ran out of memory in 7 of 439 tests (session 38), on an H200 none.
+WORKER_GIB, MAX_WORKERS = 16, 8
+
+
+def default_workers() -> int:
+    """pytest-xdist workers the GPU's memory holds (MAX_WORKERS where nvidia-smi cannot say)."""
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                              capture_output=True, text=True, timeout=30).stdout
+        return max(1, min(MAX_WORKERS, int(text.split()[0]) // 1024 // WORKER_GIB))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return MAX_WORKERS
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-tests", action="store_true")
@@ -119,7 +134,9 @@ def main() -> int:
     parser.add_argument("--default-runs", type=int, default=3,
                         help="runs of the default matrix (the first with every peer, the others flashgen and cuDNN "
                              "only); the summary ends with issue 4's targets over them (scripts/targets.py)")
-    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (compiles run in parallel)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="pytest-xdist workers (compiles run in parallel; default: one per WORKER_GIB of the GPU's "
+                             f"memory, at most {MAX_WORKERS})")
     parser.add_argument("--trace", action="append", default=None, metavar="B,S,H,D:DTYPE",
                         help="shapes for scripts/trace.py's cycles per pipeline phase (default: the seed's); "
                              "--trace none skips it")
@@ -147,7 +164,8 @@ def main() -> int:
         print(f"WARNING: {summary[-1][2]}", flush=True)
 
     if not args.skip_tests:
-        rc, text, secs = run([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "-p", "no:cacheprovider",
+        workers = args.workers or default_workers()
+        rc, text, secs = run([sys.executable, "-m", "pytest", "-q", "-n", str(workers), "-p", "no:cacheprovider",
                               *args.tests.split()], out / "pytest.log", timeout=420)
         tail = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed)|error", line)]
         summary.append(("GPU tests", "PASS" if rc == 0 else f"FAIL rc={rc}", tail[-1] if tail else "", secs))

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import types
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -1442,3 +1443,13 @@ def test_ab_refuses_a_peer_named_like_a_variant_before_timing_anything():
         ab.main(["--shape", "1,128,1,64", "--variant", "fa4:", "--peer", "fa4"])
     with pytest.raises(SystemExit):  # cuDNN is every run's yardstick, not a peer to add
         ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--peer", "cudnn"])
+
+
+@pytest.mark.parametrize("mib, workers", [("81559\n", 4), ("143771\n", 8), ("", 8), ("[N/A]\n", 8)])
+def test_gpu_check_runs_as_many_test_workers_as_the_gpus_memory_holds(monkeypatch, mib, workers):
+    """Eight pytest workers ran an 80 GB H100 out of memory (session 38): one per 16 GiB, eight where unknown."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=mib))
+    assert gpu_check.default_workers() == workers
