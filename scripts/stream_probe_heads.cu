@@ -37,18 +37,7 @@ __global__ void stream(const __grid_constant__ CUtensorMap mk, const __grid_cons
     return;
   }
   // consumer warps: key groups of 4 taking alternate blocks
-  const int groups = a.consumer_warps / 4, g = (warp - 1) / 4;
-  float acc = 0.f;
-  for (int j = 0; j < blocks; ++j) {
-    const int s = j % a.stages;
-    if (j % groups == g) {
-      mbar_wait(smem_u32(bars + s), (j / a.stages) & 1);
-      acc += ((const float*)(smem + s * slot))[lane];
-      spin_ns(a.work_ns);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(bars + a.stages + s));
-    }
-  }
+  const float acc = consume_blocks(bars, smem, a.stages, slot, blocks, a.consumer_warps / 4, (warp - 1) / 4, a.work_ns);
   if (acc == 12345.f) a.sink[0] = acc;
 }
 static CUtensorMap make_map(void* base, int kv_heads, long long rows, int hp, int keys) {

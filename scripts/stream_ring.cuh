@@ -59,3 +59,21 @@ __device__ __forceinline__ unsigned acquire_slot(unsigned long long* bars, int s
   mbar_expect_tx(full, bytes);
   return full;
 }
+
+// A consumer warp of key group `group` of `groups` (four warps each, taking alternate blocks): for each of its blocks
+// it waits for the slot, reads a word, spins `work_ns` and frees the slot. Returns the words' sum (keep it live).
+__device__ __forceinline__ float consume_blocks(unsigned long long* bars, const unsigned char* smem, int stages,
+                                                unsigned slot, int blocks, int groups, int group, int work_ns) {
+  const int lane = threadIdx.x % 32;
+  float acc = 0.f;
+  for (int j = 0; j < blocks; ++j) {
+    const int s = j % stages;
+    if (j % groups != group) continue;
+    mbar_wait(smem_u32(bars + s), (j / stages) & 1);
+    acc += ((const float*)(smem + s * slot))[lane];
+    spin_ns(work_ns);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_u32(bars + stages + s));
+  }
+  return acc;
+}
