@@ -102,7 +102,8 @@ SWAP_N_STEP = 8  # wgmma's N comes in steps of 8
 # 4% faster than one head's (2890 against 2780 GB/s, scripts/stream_probe_heads.cu). Two heads' rows then share
 # the swapped tiles' N (4 query heads x S_q 1 each: 8 columns either way), the other head's scores masked.
 # A paged cache's page holds every head's rows of its keys, one head's 256 bytes 2 KB from the next key's (D=128),
-# so a one-head tile loads a page's rows as 2 KB boxes (16-row pages); four heads a tile load 8 KB boxes (d25).
+# so a one-head tile loads a page's rows as 2 KB boxes (16-row pages); four heads a tile load 8 KB boxes, measured no
+# faster at D=128 (d25): choose_head_pack keeps paged caches at one head.
 HEAD_PACKS = (1, 2, 4)
 MIN_BLOCK_N, MAX_BLOCK_N = 64, 256  # rows (keys x packed heads) and keys per ring slot
 
