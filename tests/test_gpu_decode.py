@@ -471,6 +471,28 @@ def test_head_packs_over_pages_match_float64(page, pack, sq, heads, kv_heads, di
     assert launcher.plan.grid(len(lengths), 1)[1] == kv_heads // pack
 
 
+@pytest.mark.parametrize("batch, sq, heads, kv_heads, dim, dtype, lengths, options", [
+    (4, 1, 32, 8, 128, torch.bfloat16, [0, 1, 128, 1000], {}),
+    (3, 1, 16, 8, 64, torch.float16, [63, 64, 1000], dict(window=(100, -1))),
+    (2, 2, 8, 4, 256, torch.bfloat16, [129, 1000], dict(softcap=30.0)),  # 16-key blocks of 64 rows
+])
+@pytest.mark.parametrize("num_splits, ctas_per_sm", [(1, 1), (0, 0), (3, 2)])
+def test_four_heads_a_tile_over_a_dense_cache_match_float64(batch, sq, heads, kv_heads, dim, dtype, lengths, options,
+                                                            num_splits, ctas_per_sm):
+    from codegen import decode
+
+    k, v = make_cache(batch, 1000, kv_heads, dim, lengths, dtype, seed=17)
+    q = torch.randn(batch, sq, heads, dim, device="cuda", dtype=dtype)
+    decode._LAUNCHERS.clear()
+    if dim == 256 and ctas_per_sm == 2:
+        with pytest.raises(InputError, match="two CTAs per SM fit head dims"):
+            run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=4, **options)
+        return
+    run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=ctas_per_sm, head_pack=4, **options)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.spec.head_pack == 4 and launcher.plan.grid(batch, 1)[1] == kv_heads // 4
+
+
 def test_two_heads_a_tile_attend_their_appended_tokens():
     lengths = [0, 7, 900]
     k, v = make_cache(3, 1000, 8, 64, lengths, torch.bfloat16, seed=14)
