@@ -110,15 +110,15 @@ class TensorMapRecipe:
 
     @property
     def key_dim(self) -> int:
-        """The tensor-map dimension that walks a row tile's keys."""
+        """The tensor-map dimension that walks a row tile's keys (read off the recipe's dims)."""
         self._need_row_tiles()
-        return 2 if self.head_pack > 1 else 1
+        return self.dims_symbolic.index("S")
 
     @property
     def col_block_dim(self) -> int:
         """The tensor-map dimension that walks the head dim's atoms (a row tile's box spans them all)."""
         self._need_row_tiles()
-        return 3 if self.head_pack > 1 else 2
+        return self.dims_symbolic.index(str(self.col_blocks), 1)  # past dim 0, the atom's columns
 
     def _need_row_tiles(self) -> None:
         if self.kind != "row_tiles":
