@@ -43,6 +43,9 @@ HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 o
 # 1.054x / 1.033x; H200 17: 0.737x / 0.882x / 0.944x, 26: 0.889x / 1.026x / 1.005x, 30: 0.977x / 1.017x / 0.994x.
 TWO_SPLIT_MAX_WAVES = 1.25
 TWO_CTA_MIN_WAVES = 1.85
+# Split tiles under a wave run one consumer a CTA (two CTAs a SM's layout) where their CTAs are at least this share of
+# the SMs (choose_ctas_per_sm): B=6's 96 CTAs on 132 SMs (0.73) gained 7%, B=1's 64 (0.48) lost 3.4% (d26).
+SPLIT_TWO_CTA_MIN_FILL = 0.7
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -68,7 +71,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
     page; None (the default) gathers pages of up to 4 rows, where a TMA copy per page is slower (bench/LOG.md,
     "Decode", d8). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two CTAs
-    per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each.
+    per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each, and
+    where fewer tiles than SMs are split into most of a wave of CTAs (choose_ctas_per_sm).
     `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth. `pdl` (default True) launches the
     kernel(s) by programmatic dependent launch where the splits are not one cluster: a call's CTAs may start while
     the stream's previous kernel finishes, and wait for its writes before they read any input, so kernels back to
@@ -127,13 +131,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
 
 
 def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> int:
-    """CTAs per SM for `tiles` tiles of `splits` splits each: two (one consumer warpgroup each) where one-split tiles
-    fill TWO_CTA_MIN_WAVES waves (d24) and the tile fits that layout, for a paged cache at any count and for a dense one up to
-    TWO_CTA_MAX_WAVES waves; one (two consumers sharing a CTA's loads) elsewhere. Measured against cuDNN in one
+    """CTAs per SM for `tiles` tiles of `splits` splits each: two (one consumer warpgroup each) where the tile fits
+    that layout and either one-split tiles fill TWO_CTA_MIN_WAVES waves (d24), for a paged cache at any count and for a
+    dense one up to TWO_CTA_MAX_WAVES waves, or fewer tiles than SMs are split into at least SPLIT_TWO_CTA_MIN_FILL of
+    the SMs' worth of CTAs (d26); one (two consumers sharing a CTA's loads) elsewhere. Measured against cuDNN in one
     process (bench/LOG.md, "Decode", d11): 32 x 2k 0.970x -> 1.004x, pages of 4 0.720x -> 0.927x, of 16 0.952x ->
-    0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us)."""
+    0.990x; 128 x 8k 1.016x -> 1.000x (so dense caches of many waves keep one); B=1 slower (7.6 -> 8.2 us). d26 (H100,
+    D=128 32/8 heads unless said): split tiles at B=2 to 8, one consumer a CTA at the same splits, 8k / 32k keys: B=8
+    1.031x -> 1.049x / 1.008x -> 1.026x, B=6 1.023x -> 1.099x / 1.000x -> 1.072x, B=4 0.990x -> 1.018x / 0.959x -> 0.980x,
+    B=3 1.046x -> 1.086x / 0.995x -> 1.033x, B=2 1.082x -> 1.109x / 0.987x -> 1.034x; D=64, S_q=4 and 64/8 heads +1.6-4.6%;
+    but B=1 (8 tiles of 8 splits: 64 CTAs, half the SMs) 1.076x -> 1.040x at 32k."""
+    if not spec.fits_two_ctas:
+        return 1
+    if splits > 1 and tiles < sms:
+        return 2 if tiles * splits >= SPLIT_TWO_CTA_MIN_FILL * sms else 1
     waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
-    return 2 if spec.fits_two_ctas and splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok else 1
+    return 2 if splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok else 1
 
 
 def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:

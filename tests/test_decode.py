@@ -478,6 +478,23 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
     assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=256, splits=1, sms=132) == 1  # 128 packed rows
 
 
+def test_split_tiles_that_fill_most_sms_take_one_consumer_a_cta():
+    from codegen.decode import choose_ctas_per_sm, choose_splits
+
+    spec = DecodeSpec(heads=32, kv_heads=8, head_dim=128)
+    for batch, keys, splits, ctas in ((8, 8192, 2, 2), (6, 32768, 2, 2), (4, 8192, 4, 2), (3, 8192, 5, 2),
+                                      (2, 32768, 8, 2), (1, 32768, 8, 1), (8, 2048, 1, 1)):
+        tiles = batch * 8
+        assert choose_splits(tiles, keys // 128, 132) == splits, (batch, keys)
+        assert choose_ctas_per_sm(spec, tiles, splits, 132) == ctas, (batch, keys)
+    assert choose_ctas_per_sm(spec, tiles=93, splits=1, sms=132) == 1
+    assert choose_ctas_per_sm(spec, tiles=46, splits=2, sms=132) == 1   # 92 CTAs: under 0.7 of the SMs
+    assert choose_ctas_per_sm(spec, tiles=47, splits=2, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=136, splits=2, sms=132) == 1  # over a wave: d24's two splits at one a SM
+    assert choose_ctas_per_sm(spec.replace(head_dim=256), tiles=64, splits=2, sms=132) == 1  # no two-CTA layout
+    assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=64, splits=2, sms=132) == 1
+
+
 @pytest.mark.parametrize("bad", [3, 2.0, "2"])
 def test_a_ctas_per_sm_the_family_has_no_layout_for_is_refused(bad):
     with pytest.raises(SpecError, match="ctas_per_sm must be one of"):

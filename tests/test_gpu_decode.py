@@ -532,3 +532,19 @@ def test_a_batch_just_over_a_wave_takes_two_splits():
     run_and_check(q, k, v, lengths)
     (launcher,) = decode._LAUNCHERS.values()
     assert launcher.splits == 2 and launcher.plan.spec.ctas_per_sm == 1
+
+
+def test_split_tiles_under_a_wave_take_one_consumer_a_cta():
+    from codegen import decode
+    from codegen.api import _sm_count
+
+    sms = _sm_count(0)
+    batch = sms // 16  # 8 K/V heads: about half a wave of tiles, two splits each at 8k keys
+    lengths = [8192] * (batch - 3) + [0, 1, 5000]
+    k, v = make_cache(batch, 8192, 8, 128, lengths, torch.bfloat16, seed=25)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    decode._LAUNCHERS.clear()
+    run_and_check(q, k, v, lengths)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.splits > 1 and launcher.plan.spec.ctas_per_sm == 2
+    assert batch * 8 * launcher.splits >= decode.SPLIT_TWO_CTA_MIN_FILL * sms

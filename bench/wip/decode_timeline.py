@@ -44,10 +44,11 @@ m = m.replace("  cluster_sync();\n  merge_rows(args, w, ctid * args.splits + w.s
 m = m.replace("  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n", "  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n  if (ctid == 0) stamp(10);\n")
 mt.write_text(m)
 c = c.replace("  if (args.splits == 1) {\n    store_rows", "  if (tid == 0 && consumer == 0) stamp(6);\n  if (args.splits == 1) {\n    store_rows")
-c = c.rstrip()
-assert c.endswith("}\n}") or c.endswith("}")
-c = c[:-1] + "  if (tid == 0 && consumer == 0) { stamp(7); stamp(14); }\n}\n"
-assert "stamp(6)" in c and "stamp(7)" in c
+assert "stamp(6)" in c
+# The exit stamps go after consumer() returns, so that both consumers (plain and swapped) have them.
+k = k.replace("  consumer(args, w, smem, bars, warpgroup - 1, tid);\n}",
+              "  consumer(args, w, smem, bars, warpgroup - 1, tid);\n  if (warpgroup == 1 && tid == 0) { stamp(7); stamp(14); }\n}", 1)
+assert "stamp(14)" in k
 kt.write_text(k); ct.write_text(c)
 sys.path.insert(0, str(src))
 from codegen import attention_with_kvcache
