@@ -141,12 +141,18 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     1.031x -> 1.049x / 1.008x -> 1.026x, B=6 1.023x -> 1.099x / 1.000x -> 1.072x, B=4 0.990x -> 1.018x / 0.959x -> 0.980x,
     B=3 1.046x -> 1.086x / 0.995x -> 1.033x, B=2 1.082x -> 1.109x / 0.987x -> 1.034x; D=64, S_q=4 and 64/8 heads +1.6-4.6%;
     but B=1 (8 tiles of 8 splits: 64 CTAs, half the SMs) 1.076x -> 1.040x at 32k."""
-    if not spec.fits_two_ctas:
-        return 1
     if splits > 1 and tiles < sms:
-        return 2 if tiles * splits >= SPLIT_TWO_CTA_MIN_FILL * sms else 1
-    waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
-    return 2 if splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok else 1
+        wanted = tiles * splits >= SPLIT_TWO_CTA_MIN_FILL * sms
+    else:
+        waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
+        wanted = splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok
+    if not (wanted and spec.fits_two_ctas):
+        return 1
+    try:
+        resolve(spec.replace(ctas_per_sm=2))
+    except SpecError:  # the call's own block_n or stages do not fit half the SM
+        return 1
+    return 2
 
 
 def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:

@@ -493,6 +493,10 @@ def test_split_tiles_that_fill_most_sms_take_one_consumer_a_cta():
     assert choose_ctas_per_sm(spec, tiles=136, splits=2, sms=132) == 1  # over a wave: d24's two splits at one a SM
     assert choose_ctas_per_sm(spec.replace(head_dim=256), tiles=64, splits=2, sms=132) == 1  # no two-CTA layout
     assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=64, splits=2, sms=132) == 1
+    # a call's own block_n that two CTAs a SM cannot hold keeps one (it was an error, GPU tests at ad7d5ba)
+    assert choose_ctas_per_sm(spec.replace(page_size=1, block_n=176), tiles=64, splits=5, sms=132) == 1
+    assert choose_ctas_per_sm(spec.replace(page_size=1, block_n=176), tiles=256, splits=1, sms=132) == 1
+    assert choose_ctas_per_sm(spec.replace(page_size=1), tiles=64, splits=5, sms=132) == 2
 
 
 @pytest.mark.parametrize("bad", [3, 2.0, "2"])
