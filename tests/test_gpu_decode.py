@@ -520,17 +520,24 @@ def test_a_batch_of_d64_tiles_that_fills_the_sms_takes_two_heads_a_tile():
     assert launcher.plan.spec.head_pack == 2
 
 
-def test_a_batch_just_over_a_wave_takes_two_splits():
+def run_chosen(batch, seed, capacity=8192):
+    """A batch of full 8k caches but for a ragged tail (0, 1, 5000 keys) at D=128, 32/8 heads, with every knob left to
+    the policy: checked against float64, and the one launcher it built."""
     from codegen import decode
-    from codegen.api import _sm_count
 
-    batch = -(-_sm_count(0) // 8) + 1  # 8 K/V heads: a wave of one-head tiles and a few more
-    lengths = [8192] * (batch - 3) + [0, 1, 5000]
-    k, v = make_cache(batch, 8192, 8, 128, lengths, torch.bfloat16, seed=16)
+    lengths = [capacity] * (batch - 3) + [0, 1, 5000]
+    k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=seed)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     decode._LAUNCHERS.clear()
     run_and_check(q, k, v, lengths)
     (launcher,) = decode._LAUNCHERS.values()
+    return launcher
+
+
+def test_a_batch_just_over_a_wave_takes_two_splits():
+    from codegen.api import _sm_count
+
+    launcher = run_chosen(-(-_sm_count(0) // 8) + 1, seed=16)  # 8 K/V heads: a wave of one-head tiles and a few more
     assert launcher.splits == 2 and launcher.plan.spec.ctas_per_sm == 1
 
 
@@ -540,11 +547,6 @@ def test_split_tiles_under_a_wave_take_one_consumer_a_cta():
 
     sms = _sm_count(0)
     batch = sms // 16  # 8 K/V heads: about half a wave of tiles, two splits each at 8k keys
-    lengths = [8192] * (batch - 3) + [0, 1, 5000]
-    k, v = make_cache(batch, 8192, 8, 128, lengths, torch.bfloat16, seed=25)
-    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    decode._LAUNCHERS.clear()
-    run_and_check(q, k, v, lengths)
-    (launcher,) = decode._LAUNCHERS.values()
+    launcher = run_chosen(batch, seed=25)
     assert launcher.splits > 1 and launcher.plan.spec.ctas_per_sm == 2
     assert batch * 8 * launcher.splits >= decode.SPLIT_TWO_CTA_MIN_FILL * sms
