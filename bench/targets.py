@@ -17,12 +17,16 @@ matrix several times and ends with it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from .report import geomean
+
+# A default-matrix result file's name: the GPU, then the time stamp (bench/results.py), no matrix suffix.
+_DEFAULT_RUN = re.compile(r"nvidia-.*-\d{8}T\d{6}Z")
 
 # (B, S, H, D, dtype, causal) as the result rows spell them.
 Shape = tuple[int, int, int, int, str, bool]
@@ -86,10 +90,11 @@ def run_targets(rows: Iterable[dict], source: str = "") -> RunTargets:
 
 def load_runs(paths: Iterable[Path]) -> list[RunTargets]:
     """One RunTargets per result file (a JSON list of rows), in the order given. A folder stands for its
-    timestamped result files (not h200-latest.json, which repeats one of them)."""
+    timestamped result files of the default matrix (`<gpu>-<stamp>.json`: not h200-latest.json, which repeats one
+    of them, nor another matrix's `-decode.json` or an A/B's `ab-...json`)."""
     files: list[Path] = []
     for p in map(Path, paths):
-        files += sorted(f for f in p.glob("*.json") if f.name != "h200-latest.json") if p.is_dir() else [p]
+        files += sorted(f for f in p.glob("*.json") if _DEFAULT_RUN.fullmatch(f.stem)) if p.is_dir() else [p]
     runs = []
     for f in files:
         rows = json.loads(f.read_text())

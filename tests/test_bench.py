@@ -1378,6 +1378,8 @@ def test_targets_table_spreads_over_runs(tmp_path):
                         ("20261130T000003Z", [1.08] * 5)):
         (tmp_path / f"nvidia-h200-{stamp}.json").write_text(json.dumps(_target_rows(1.05, five)))
     (tmp_path / "h200-latest.json").write_text(json.dumps(_target_rows(2.0, [2.0] * 5)))  # a copy: not a run
+    for other in ("nvidia-h200-20261130T000004Z-decode.json", "ab-20261130T1257Z-exp2.json"):  # not default runs
+        (tmp_path / other).write_text("{}")
     runs = targets.load_runs([tmp_path])
     assert [r.source for r in runs] == ["20261130T000001Z", "20261130T000002Z", "20261130T000003Z"]
     table = {row[0]: row[1:] for row in targets.runs_table(runs)}

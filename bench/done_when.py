@@ -1,0 +1,179 @@
+"""The speed criteria of the decode issue (#19) and the FlashAttention-4 issue (#22), read back from result files.
+
+Each criterion holds or not within one run (one result file, every ratio timed in the same process):
+
+  decode (`gen.py bench --matrix decode`), flashgen's kernel time against cuDNN's:
+    b8        every S_q = 1 row with B >= 8 at 1.0x or better
+    slow      rows where cuDNN reads under 60% of the run's copy bandwidth at 1.2x or better
+    floor     no row below 1.0x
+    paged     paged rows of pages of 16 rows or more within 5% of the dense cache's row of the same problem
+    geomean   the matrix's geomean at 1.2x or better
+  fa4 (`gen.py bench --matrix fa4`), flashgen's kernel time against FA4's:
+    floor     every row at 1.0x FA4 or better
+    geomean   the geomean at 1.05x FA4 or better
+
+A run's ratios move by a few percent (bench/LOG.md: the decode geomean 1.195-1.198x over three runs of one tree; the
+fa4 matrix's D=256 row 0.955x and 1.015x with one kernel), so `runs_table` puts runs side by side: each row's ratio per
+run with its median and range, then each criterion per run and in how many runs it held. `scripts/targets.py
+--matrix decode|fa4` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from .report import geomean
+
+DECODE_B8_MIN = 1.0
+DECODE_SLOW_PCT = 60.0    # cuDNN under this % of the copy bandwidth ...
+DECODE_SLOW_MIN = 1.2     # ... takes this ratio
+DECODE_FLOOR = 1.0
+DECODE_PAGED_MIN_PAGE = 16
+DECODE_PAGED_SLACK = 1.05  # a paged row's ms at most this times the dense row's
+DECODE_GEOMEAN = 1.2
+FA4_FLOOR = 1.0
+FA4_GEOMEAN = 1.05
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    held: bool
+    failing: tuple[str, ...]  # the rows that break it (empty where it holds or is about the whole run)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One result file: flashgen's ratio per row (to cuDNN for decode, to FA4 for fa4) and the criteria."""
+
+    source: str
+    ratios: dict[str, float]
+    criteria: tuple[Criterion, ...]
+
+    @property
+    def geomean(self) -> float | None:
+        return geomean(self.ratios.values()) if self.ratios else None
+
+
+def _decode_label(r: dict) -> str:
+    page = f" page{r['page_size']}" if r.get("page_size") else ""
+    return f"B={r['B']} S_q={r['S_q']} S_k={r['S_k']} H={r['H']}/{r['H_kv']} D={r['D']} {r['dtype']}{page}"
+
+
+def _by_impl(rows: Iterable[dict], impl: str) -> list[dict]:
+    return [r for r in rows if r.get("impl") == impl and r.get("ms") and not r.get("error") and not r.get("skipped")]
+
+
+def decode_run(rows: Sequence[dict], source: str = "") -> Run:
+    """#19's criteria over one decode result file's rows."""
+    ours = _by_impl(rows, "flashgen")
+    cudnn = {_decode_label(r): r for r in _by_impl(rows, "cudnn")}
+    ratios = {_decode_label(r): r["ratio_to_cudnn"] for r in ours if r.get("ratio_to_cudnn")}
+    dense = {(r["B"], r["S_q"], r["S_k"], r["H"], r["H_kv"], r["D"], r["dtype"]): r["ms"] for r in ours
+             if not r.get("page_size")}
+
+    def failing(pick: Callable[[dict], bool], minimum: float) -> tuple[str, ...]:
+        return tuple(label for r in ours if pick(r) and (label := _decode_label(r)) in ratios
+                     and ratios[label] < minimum)
+
+    slow = [label for label, c in cudnn.items() if c.get("kv_pct_of_copy") is not None
+            and c["kv_pct_of_copy"] < DECODE_SLOW_PCT]
+    paged_bad = []
+    for r in ours:
+        key = (r["B"], r["S_q"], r["S_k"], r["H"], r["H_kv"], r["D"], r["dtype"])
+        if (r.get("page_size") or 0) >= DECODE_PAGED_MIN_PAGE and key in dense and r["ms"] > DECODE_PAGED_SLACK * dense[key]:
+            paged_bad.append(_decode_label(r))
+    b8 = failing(lambda r: r["S_q"] == 1 and r["B"] >= 8, DECODE_B8_MIN)
+    slow_bad = tuple(label for label in slow if label in ratios and ratios[label] < DECODE_SLOW_MIN)
+    floor = failing(lambda r: True, DECODE_FLOOR)
+    mean = geomean(ratios.values()) if ratios else None
+    criteria = (
+        Criterion(f"S_q=1, B>=8 rows >= {DECODE_B8_MIN:.1f}x", not b8, b8),
+        Criterion(f"cuDNN < {DECODE_SLOW_PCT:.0f}% of copy: >= {DECODE_SLOW_MIN:.1f}x", not slow_bad, slow_bad),
+        Criterion(f"no row < {DECODE_FLOOR:.1f}x", not floor, floor),
+        Criterion(f"pages >= {DECODE_PAGED_MIN_PAGE}: within {DECODE_PAGED_SLACK - 1:.0%} of dense", not paged_bad,
+                  tuple(paged_bad)),
+        Criterion(f"geomean >= {DECODE_GEOMEAN:.2f}x", mean is not None and mean >= DECODE_GEOMEAN, ()),
+    )
+    return Run(source, ratios, criteria)
+
+
+def _fa4_label(r: dict) -> str:
+    kv = f" kv{r['H_kv']}" if r.get("H_kv") not in (None, r["H"]) else ""
+    sk = f" S_k={r['S_k']}" if r.get("S_k") not in (None, r["S"]) else ""
+    return f"({r['B']},{r['S']},{r['H']},{r['D']}){kv}{sk} {r['dtype']}{' causal' if r['causal'] else ''}"
+
+
+def fa4_run(rows: Sequence[dict], source: str = "") -> Run:
+    """#22's criteria over one fa4 result file's rows: flashgen's ms against FA4's, row by row."""
+    peer = {_fa4_label(r): r["ms"] for r in _by_impl(rows, "fa4")}
+    ratios = {label: peer[label] / r["ms"] for r in _by_impl(rows, "flashgen")
+              if (label := _fa4_label(r)) in peer}
+    floor = tuple(label for label, v in ratios.items() if v < FA4_FLOOR)
+    mean = geomean(ratios.values()) if ratios else None
+    criteria = (Criterion(f"every row >= {FA4_FLOOR:.1f}x FA4", bool(ratios) and not floor, floor),
+                Criterion(f"geomean >= {FA4_GEOMEAN:.2f}x FA4", mean is not None and mean >= FA4_GEOMEAN, ()))
+    return Run(source, ratios, criteria)
+
+
+MATRICES = {"decode": decode_run, "fa4": fa4_run}
+
+
+def load_runs(matrix: str, paths: Iterable[Path]) -> list[Run]:
+    """One Run per result file of `matrix`, oldest first (by the files' time stamps), all from one GPU. A folder stands for its timestamped
+    files of that matrix (`*-<matrix>.json`, not the h200-latest copy, which repeats one of them)."""
+    read = MATRICES[matrix]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files += sorted(f for f in p.glob(f"*-{matrix}.json") if not f.name.startswith("h200-latest")) \
+            if p.is_dir() else [p]
+    runs, gpus = [], set()
+    for f in files:
+        rows = json.loads(f.read_text())
+        if not isinstance(rows, list):
+            raise ValueError(f"{f} is not a benchmark result file (a JSON list of rows)")
+        gpus |= {r["gpu"] for r in rows if r.get("gpu")}
+        stamp = f.stem.rsplit("-", 2)[-2] if f.stem.endswith(f"-{matrix}") else f.stem
+        runs.append(read(rows, stamp))
+    runs.sort(key=lambda r: r.source)  # by time stamp: the last run is the newest
+    if len(gpus) > 1:
+        raise ValueError(f"the files come from {len(gpus)} GPUs ({', '.join(sorted(gpus))}): ratios compare within one "
+                         "GPU's runs; pass one GPU's files (e.g. bench/results/nvidia-h200-*-decode.json)")
+    return runs
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.3f}x" if v is not None else "-"
+
+
+def runs_table(runs: Sequence[Run]) -> list[list[str]]:
+    """Rows: every row of any run, the geomean, then each criterion; columns: the runs, then the median (range)
+    over them (criteria: in how many runs they held)."""
+    if not runs:
+        raise ValueError("no runs to tabulate")
+    table = [["row"] + [r.source for r in runs] + ["median (range)"]]
+    labels = list(dict.fromkeys(label for r in runs for label in r.ratios))
+    for label in labels + ["geomean"]:
+        values = [r.geomean if label == "geomean" else r.ratios.get(label) for r in runs]
+        got = [v for v in values if v is not None]
+        spread = f"{statistics.median(got):.3f}x ({min(got):.3f}-{max(got):.3f})" if got else "-"
+        table.append([label] + [_x(v) for v in values] + [spread])
+    for i, criterion in enumerate(runs[0].criteria):
+        held = [r.criteria[i].held for r in runs]
+        table.append([criterion.name] + ["met" if h else "no" for h in held] + [f"{sum(held)} of {len(runs)} runs"])
+    return table
+
+
+def verdict(runs: Sequence[Run]) -> str:
+    """One line: each criterion in how many runs it held, and what broke it in the last run."""
+    last = runs[-1]
+    parts = []
+    for i, c in enumerate(last.criteria):
+        held = sum(r.criteria[i].held for r in runs)
+        why = f" (last run: {', '.join(c.failing)})" if c.failing else ""
+        parts.append(f"{c.name}: {held} of {len(runs)}{why}")
+    return "; ".join(parts)
