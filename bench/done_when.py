@@ -64,6 +64,11 @@ def _decode_label(r: dict) -> str:
     return f"B={r['B']} S_q={r['S_q']} S_k={r['S_k']} H={r['H']}/{r['H_kv']} D={r['D']} {r['dtype']}{page}"
 
 
+def _problem(r: dict) -> tuple:
+    """A decode row's problem, whatever its cache's paging: a paged row's dense twin shares it."""
+    return r["B"], r["S_q"], r["S_k"], r["H"], r["H_kv"], r["D"], r["dtype"]
+
+
 def _by_impl(rows: Iterable[dict], impl: str) -> list[dict]:
     return [r for r in rows if r.get("impl") == impl and r.get("ms") and not r.get("error") and not r.get("skipped")]
 
@@ -73,8 +78,7 @@ def decode_run(rows: Sequence[dict], source: str = "") -> Run:
     ours = _by_impl(rows, "flashgen")
     cudnn = {_decode_label(r): r for r in _by_impl(rows, "cudnn")}
     ratios = {_decode_label(r): r["ratio_to_cudnn"] for r in ours if r.get("ratio_to_cudnn")}
-    dense = {(r["B"], r["S_q"], r["S_k"], r["H"], r["H_kv"], r["D"], r["dtype"]): r["ms"] for r in ours
-             if not r.get("page_size")}
+    dense = {_problem(r): r["ms"] for r in ours if not r.get("page_size")}
 
     def failing(pick: Callable[[dict], bool], minimum: float) -> tuple[str, ...]:
         return tuple(label for r in ours if pick(r) and (label := _decode_label(r)) in ratios
@@ -82,11 +86,8 @@ def decode_run(rows: Sequence[dict], source: str = "") -> Run:
 
     slow = [label for label, c in cudnn.items() if c.get("kv_pct_of_copy") is not None
             and c["kv_pct_of_copy"] < DECODE_SLOW_PCT]
-    paged_bad = []
-    for r in ours:
-        key = (r["B"], r["S_q"], r["S_k"], r["H"], r["H_kv"], r["D"], r["dtype"])
-        if (r.get("page_size") or 0) >= DECODE_PAGED_MIN_PAGE and key in dense and r["ms"] > DECODE_PAGED_SLACK * dense[key]:
-            paged_bad.append(_decode_label(r))
+    paged_bad = tuple(_decode_label(r) for r in ours if (r.get("page_size") or 0) >= DECODE_PAGED_MIN_PAGE
+                      and _problem(r) in dense and r["ms"] > DECODE_PAGED_SLACK * dense[_problem(r)])
     b8 = failing(lambda r: r["S_q"] == 1 and r["B"] >= 8, DECODE_B8_MIN)
     slow_bad = tuple(label for label in slow if label in ratios and ratios[label] < DECODE_SLOW_MIN)
     floor = failing(lambda r: True, DECODE_FLOOR)
@@ -96,7 +97,7 @@ def decode_run(rows: Sequence[dict], source: str = "") -> Run:
         Criterion(f"cuDNN < {DECODE_SLOW_PCT:.0f}% of copy: >= {DECODE_SLOW_MIN:.1f}x", not slow_bad, slow_bad),
         Criterion(f"no row < {DECODE_FLOOR:.1f}x", not floor, floor),
         Criterion(f"pages >= {DECODE_PAGED_MIN_PAGE}: within {DECODE_PAGED_SLACK - 1:.0%} of dense", not paged_bad,
-                  tuple(paged_bad)),
+                  paged_bad),
         Criterion(f"geomean >= {DECODE_GEOMEAN:.2f}x", mean is not None and mean >= DECODE_GEOMEAN, ()),
     )
     return Run(source, ratios, criteria)
