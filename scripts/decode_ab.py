@@ -46,6 +46,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", metavar="NAME", help="launch this variant (or cudnn) 3 times, nothing timed")
+    parser.add_argument("--unchecked", action="store_true",
+                        help="time variants whose output is wrong on purpose (a copy that skips work, to bound what it "
+                             "costs); their error is printed, not enforced")
     args = parser.parse_args(argv)
     if args.in_order and not args.page_size:
         parser.error("--in-order orders a paged copy's pages; it needs --page-size")
@@ -107,7 +110,9 @@ def main(argv: list[str]) -> int:
                     continue
                 if name != "cudnn":
                     err = ((sets[0][4].float() - ref).abs().max() / ref.abs().max()).item()
-                    if not err < 2e-2:
+                    if args.unchecked:
+                        print(f"  {name:>12}: unchecked, relative error {err:.3g}")
+                    elif not err < 2e-2:
                         raise SystemExit(f"{name}: relative error {err:.3g} at B={batch} S_k={cache_len}")
             times = {name: [] for name in calls}
             for _ in range(args.rounds):

@@ -421,6 +421,34 @@ def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatc
                         ("attend", plan.grid(2, 1), plan.threads, None, True)]
 
 
+def test_clustered_splits_push_their_rows_to_split_0_where_the_slots_fit_beside_the_ring():
+    from codegen.families.decode_sm90.plan import MAX_CLUSTER_SPLITS
+
+    p = plan_of(heads=32, kv_heads=8, head_dim=128, q_len=1)
+    slot = 4 * (128 + 1) * 4  # 4 rows of 128 floats, then their 4 logsumexps: 2064 bytes, a multiple of 16
+    assert p.push_merge and p.merge_slot_bytes == slot and slot % 16 == 0
+    smem = p.smem
+    ring_end = smem.v_offset + p.spec.stages * smem.v_bytes
+    assert smem.merge_offset >= max(ring_end, smem.swap_offset + p.consumers * smem.swap_bytes)
+    assert smem.merge_offset % 16 == 0 and smem.merge_bytes == MAX_CLUSTER_SPLITS * slot
+    assert smem.bar_offset >= smem.merge_offset + smem.merge_bytes and smem.total <= p.smem_limit
+    names = [b.name for b in p.abi.barriers.barriers]
+    assert names[:2] == ["MergeFull", "MergeDone"] and all(b.arrivals == 1 for b in p.abi.barriers.barriers[:2])
+    # The slots never cost a ring slot: D=64's six-slot ring keeps its six, with them at 4 rows, without at 16.
+    assert [(q.spec.stages, q.push_merge) for q in (plan_of(heads=32, kv_heads=8, head_dim=64, q_len=n) for n in (1, 4))] \
+        == [(6, True), (6, False)]
+    # Where they do not fit (128 rows: 8 slots of 66 KB), or a tile is one of several row tiles, the workspace.
+    for kw in (dict(heads=64, kv_heads=8, head_dim=128, q_len=16), dict(heads=16, kv_heads=4, head_dim=96, q_len=40),
+               dict(heads=32, kv_heads=8, head_dim=64, q_len=4)):
+        other = plan_of(**kw)
+        assert not other.push_merge and other.smem.merge_bytes == 0
+        assert "MergeFull" not in [b.name for b in other.abi.barriers.barriers]
+    source = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128)).rendered.source
+    assert "constexpr bool kPushMerge = true;" in source
+    assert "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes" in source
+    assert f"kMergeSlotBytes = {slot};" in source
+
+
 def test_only_the_cluster_launched_family_masks_descriptor_addresses_to_the_field():
     from codegen.families.decode_sm90 import context
     from layouts import mma

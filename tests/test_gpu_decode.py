@@ -158,6 +158,27 @@ def test_every_split_count_up_to_the_blocks_agrees():
         assert launchers and all(c.cluster == ((splits, 1, 1) if 1 < splits <= 8 else None) for c in launchers)
 
 
+@pytest.mark.parametrize("sq, heads, kv_heads, dim, push", [
+    (1, 32, 8, 128, True),    # 4 rows: the splits push their rows into split 0's shared memory
+    (2, 32, 8, 256, True),
+    (4, 32, 8, 64, False),    # 16 rows at D=64: the slots do not fit beside its six-slot ring, the workspace merges
+    (16, 64, 8, 128, False),  # 128 rows
+])
+def test_clustered_splits_merge_in_split_0_or_through_the_workspace(sq, heads, kv_heads, dim, push):
+    from codegen import decode
+
+    lengths = [1, 700, 1000]  # at 8 splits of the first sequence only split 0 sees a key
+    k, v = make_cache(3, 1000, kv_heads, dim, lengths, torch.bfloat16, seed=sq)
+    q = torch.randn(3, sq, heads, dim, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(heads, device="cuda", dtype=torch.float32)
+    for splits in (2, 3, 5, 8):
+        run_and_check(q, k, v, lengths, num_splits=splits, causal=False, sinks=sinks if splits == 3 else None,
+                      ctas_per_sm=1)  # the layout the push decision above is for (two CTAs a SM: its own tests)
+        launchers = [c for c in decode._LAUNCHERS.values() if c.splits == splits and c.plan.spec.q_len == sq
+                     and c.plan.spec.head_dim == dim and c.plan.spec.ctas_per_sm == 1]
+        assert launchers and all(c.cluster == (splits, 1, 1) and c.plan.push_merge == push for c in launchers)
+
+
 def test_repeated_calls_reuse_the_launcher():
     lengths = [700, 1000]
     k, v = make_cache(2, 1000, 8, 128, lengths, torch.bfloat16, seed=5)

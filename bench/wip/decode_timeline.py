@@ -12,11 +12,14 @@ if os.environ.get("FLASHGEN_PATCHED_COPY") != "1" or (pathlib.Path.cwd() / ".git
 import torch
 src = pathlib.Path.cwd()
 N_SLOTS = 16
+# Input sets rotated (TIMELINE_SETS, default 2): with enough of them the stamped launch finds its K/V out of L2.
+N_SETS = int(os.environ.get("TIMELINE_SETS", "2"))
 stamps = torch.zeros(1 << 16, N_SLOTS, dtype=torch.int64, device="cuda")
 addr = stamps.data_ptr()
 kt = src / "templates/decode_sm90/kernel.cu.j2"
-ct = src / "templates/decode_sm90/consumer.j2"
-k = kt.read_text(); c = ct.read_text()
+consumers = [src / f"templates/decode_sm90/{name}.j2" for name in ("consumer", "consumer_swapped")]
+common = src / "templates/decode_sm90/consumer_common.j2"
+k = kt.read_text()
 helper = ('static __device__ __forceinline__ void stamp(int slot, unsigned long long v = 0ull) {\n'
           '  unsigned long long t;\n'
           '  if (slot == 0 || slot == 14) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); else t = clock64();\n'
@@ -30,26 +33,34 @@ assert "stamp(0)" in k
 import re
 k = re.sub(r"(      if \(j \+ 1 < w.count\) pages = read_block_pages\(table, [^;]*\);\n    }\n  }\n)}", r"\1  if (lane == 0) stamp(2);\n}", k, count=1)
 assert "stamp(2)" in k
-c = c.replace("    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n    // Gathered",
-              "    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n    if (tid == 0 && consumer == 0 && j == 0) stamp(3);\n    // Gathered")
-assert "stamp(3)" in c
-c = c.replace("  wait_q(row_group);\n", "  wait_q(row_group);\n  if (tid == 0 && consumer == 0) stamp(11);\n")
-c = c.replace("  // This split's rows: normalized O", "  if (tid == 0) stamp(4 + key_group);\n  // This split's rows: normalized O")
-c = c.replace("  if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups", "  if (tid == 0 && consumer == 0) stamp(8);\n  if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups")
-assert "stamp(8)" in c
-c = c.replace("    store_partial(args, w, o, lse2, rows, lane);\n", "    store_partial(args, w, o, lse2, rows, lane);\n    if (tid == 0 && consumer == 0) stamp(9);\n")
-c = c.replace("    send_partial(args, w, smem, o, lse2, rows, lane);\n    cluster_sync();\n", "    send_partial(args, w, smem, o, lse2, rows, lane);\n    if (tid == 0 && consumer == 0) stamp(9);\n    cluster_sync();\n    if (tid == 0 && consumer == 0) stamp(10);\n")
+# Both consumers (plain and swapped): first K block seen, Q landed, each key group's loop end.
+for path in consumers:
+    c = path.read_text()
+    c = c.replace("    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n",
+                  "    mbar_wait(bar(bars, kBarKFull + s), ring_phase(j));\n    if (tid == 0 && consumer == 0 && j == 0) stamp(3);\n", 1)
+    c = c.replace("  wait_q(row_group);\n", "  wait_q(row_group);\n  if (tid == 0 && consumer == 0) stamp(11);\n", 1)
+    c = c.replace("  finish_rows(args,", "  if (tid == 0) stamp(4 + key_group);\n  finish_rows(args,", 1)
+    assert "stamp(3)" in c and "stamp(11)" in c and "stamp(4 + key_group)" in c, path
+    path.write_text(c)
+# The shared end: key groups met (8), normalized (6), partial stored (9).
+c = common.read_text()
+first = "tid == 0 && key_group == 0 && row_group == 0"
+c = c.replace("  if constexpr (cfg::kKeyGroups > 1) {\n    if (!merge_key_groups",
+              f"  if ({first}) stamp(8);\n  if constexpr (cfg::kKeyGroups > 1) {{\n    if (!merge_key_groups", 1)
+c = c.replace("  if (args.splits == 1) {\n    store_rows", f"  if ({first}) stamp(6);\n  if (args.splits == 1) {{\n    store_rows", 1)
+c = c.replace("    store_partial(args, w, o, lse2, rows, lane);\n", f"    store_partial(args, w, o, lse2, rows, lane);\n    if ({first}) stamp(9);\n", 1)
+assert "stamp(8)" in c and "stamp(6)" in c and "stamp(9)" in c
+common.write_text(c)
 mt = src / "templates/decode_sm90/merge.j2"; m = mt.read_text()
 m = m.replace("  cluster_sync();\n  merge_rows(args, w, ctid * args.splits + w.split", "  cluster_sync();\n  if (ctid == 0) stamp(10);\n  merge_rows(args, w, ctid * args.splits + w.split")
 m = m.replace("  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n", "  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n  if (ctid == 0) stamp(10);\n")
+assert m.count("stamp(10)") == 2
 mt.write_text(m)
-c = c.replace("  if (args.splits == 1) {\n    store_rows", "  if (tid == 0 && consumer == 0) stamp(6);\n  if (args.splits == 1) {\n    store_rows")
-assert "stamp(6)" in c
 # The exit stamps go after consumer() returns, so that both consumers (plain and swapped) have them.
 k = k.replace("  consumer(args, w, smem, bars, warpgroup - 1, tid);\n}",
               "  consumer(args, w, smem, bars, warpgroup - 1, tid);\n  if (warpgroup == 1 && tid == 0) { stamp(7); stamp(14); }\n}", 1)
 assert "stamp(14)" in k
-kt.write_text(k); ct.write_text(c)
+kt.write_text(k)
 sys.path.insert(0, str(src))
 from codegen import attention_with_kvcache
 for text in sys.argv[1:]:
@@ -57,13 +68,13 @@ for text in sys.argv[1:]:
     B, S = parts[:2]
     kw = {"num_splits": parts[2]} if len(parts) > 2 else {}
     sets = []
-    for _ in range(2):
+    for _ in range(N_SETS):
         q = torch.randn(B, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
         kk, vv = (torch.randn(B, S, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         sets.append((q, kk, vv, lens, torch.empty_like(q)))
-    for i in range(12):
-        s = sets[i % 2]
+    for i in range(12 + N_SETS - 12 % N_SETS):
+        s = sets[i % N_SETS]
         attention_with_kvcache(s[0], s[1], s[2], s[3], causal=False, out=s[4], **kw)
     torch.cuda.synchronize()
     stamps.zero_()

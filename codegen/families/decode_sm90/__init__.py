@@ -126,6 +126,8 @@ def context(plan: Plan) -> dict:
         "gather": s.gather,
         "producer_threads": plan.producer_threads,
         "early_load": plan.early_load,
+        "push_merge": plan.push_merge,
+        "merge_slot_bytes": plan.merge_slot_bytes,
         "smem": plan.smem,
         "smem_align": plan.smem_align,
         **mma_operands(plan),

@@ -58,7 +58,7 @@ _APPEND_PARAMS = (
 )
 
 # Every mbarrier the family's kernels can have.
-BARRIER_NAMES = ("KFull", "VFull", "KEmpty", "VEmpty")
+BARRIER_NAMES = ("KFull", "VFull", "KEmpty", "VEmpty", "MergeFull", "MergeDone")
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,14 @@ class AppendGrid:
 
 
 def kernel_abi(*, stages: int, consumer_warps: int, kv_heads: int, tiles_m: int, gather_threads: int = 0,
-               head_pack: int = 1) -> KernelABI:
+               head_pack: int = 1, push_merge: bool = False) -> KernelABI:
     """`gather_threads`: 0 for a kernel whose loads are TMA copies (a full barrier completes on the one arrival
-    that arms it with the copies' bytes), else the producer threads that gather, each arriving as its copies land."""
+    that arms it with the copies' bytes), else the producer threads that gather, each arriving as its copies land.
+    `push_merge`: a cluster's splits copy their rows into the first split's shared memory (Plan.push_merge)."""
     full_arrivals = gather_threads or 1
-    barriers = BarrierMap((
+    merge = (Barrier("MergeFull", 1, 1, "the cluster's other splits' rows have landed (armed by split 0)"),
+             Barrier("MergeDone", 1, 1, "split 0 holds this split's rows: its copy has read them")) if push_merge else ()
+    barriers = BarrierMap(merge + (
         Barrier("KFull", stages, full_arrivals, "K of a ring slot has landed"),
         Barrier("VFull", stages, full_arrivals, "V of a ring slot has landed"),
         Barrier("KEmpty", stages, consumer_warps, "every consumer warp's QK has read the K slot"),

@@ -75,6 +75,10 @@ MAX_SPLITS = 128  # splits of one tile's keys (the merge loops over them; the wo
 # a fence, a counter and the last split merging alone. B=1 x 2k, 8 splits: 8.00 -> 6.96 us (bench/LOG.md,
 # "Decode", d10); merging in CTA 0's shared memory over DSMEM measured slower (8.36 us).
 MAX_CLUSTER_SPLITS = 8
+# A bulk copy between CTAs' shared memories moves whole 16-byte units from and to 16-byte aligned addresses (PTX ISA
+# "cp.async.bulk"): a split's staged rows for the push merge (Plan.push_merge) are padded to it.
+BULK_COPY_ALIGN = 16
+F32_BYTES = 4
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
 # most a TMA box). Pages of 1 row are refused to TMA at D=96, whose 64-byte rows would put every second page's
 # TMA destination off the 128 bytes tensor copies need; gathered (DecodeSpec.gather) they load.
@@ -246,6 +250,8 @@ class SmemMap:
     total: int
     swap_offset: int = 0  # the swapped products: each consumer's SwapRegion, swap_bytes apart
     swap_bytes: int = 0
+    merge_offset: int = 0  # the push merge: MAX_CLUSTER_SPLITS slots of Plan.merge_slot_bytes (0 bytes: none)
+    merge_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -416,12 +422,37 @@ class Plan:
         """Pages of a block each issuing producer lane reads and loads."""
         return -(-self.block_pages // self.page_lanes)
 
-    @cached_property
-    def abi(self) -> KernelABI:
+    def _abi(self, push_merge: bool) -> KernelABI:
         # A ring slot is read by every row group's warpgroup, and by one key group's.
         return kernel_abi(stages=self.spec.stages, consumer_warps=self.row_groups * WARPS_PER_WARPGROUP,
                           kv_heads=self.spec.kv_heads, head_pack=self.spec.head_pack, tiles_m=self.tiles_m,
-                          gather_threads=self.producer_threads if self.spec.gather else 0)
+                          gather_threads=self.producer_threads if self.spec.gather else 0, push_merge=push_merge)
+
+    @cached_property
+    def abi(self) -> KernelABI:
+        return self._abi(self.push_merge)
+
+    @property
+    def merge_slot_bytes(self) -> int:
+        """One split's rows as the push merge stages them: O (the tile's rows x head_dim float32, row-major), then
+        the rows' log2 logsumexps, padded to the bulk copy's unit."""
+        rows = self.spec.rows
+        return _align(rows * (self.spec.head_dim + 1) * F32_BYTES, BULK_COPY_ALIGN)
+
+    @cached_property
+    def push_merge(self) -> bool:
+        """Whether a cluster's splits merge by pushing their rows into split 0's shared memory (one bulk copy each,
+        landing on split 0's MergeFull barrier) instead of storing them to the workspace, meeting at the cluster
+        barrier and reading them back from L2 (that store, barrier and read were 1.2-1.7 us of a batch-1 call on an
+        H100: bench/LOG.md d28). Where the tile is one row tile and the slots of MAX_CLUSTER_SPLITS splits fit
+        beside the ring; they never cost a ring slot (resolve picks the stages without them)."""
+        if self.tiles_m > 1:
+            return False
+        try:
+            self._layout(self._abi(True), MAX_CLUSTER_SPLITS * self.merge_slot_bytes)
+        except SpecError:
+            return False
+        return True
 
     @cached_property
     def append_abi(self) -> KernelABI:
@@ -462,6 +493,10 @@ class Plan:
 
     @cached_property
     def smem(self) -> SmemMap:
+        return self._layout(self.abi, MAX_CLUSTER_SPLITS * self.merge_slot_bytes if self.push_merge else 0)
+
+    def _layout(self, abi: KernelABI, merge_bytes: int) -> SmemMap:
+        """Q, the K and V rings, the swapped products' regions, the push merge's slots, then the mbarriers of `abi`."""
         s = self.spec
         offset, placed = 0, {}
         for name, op, count in (("q", self.q, self.row_groups), ("k", self.k, s.stages), ("v", self.v, s.stages)):
@@ -473,8 +508,10 @@ class Plan:
             swap_offset = offset = _align(offset, self.pt.smem_align)
             swap_bytes = self.swap_region.bytes
             offset += self.consumers * swap_bytes
+        merge_offset = _align(offset, BULK_COPY_ALIGN) if merge_bytes else 0
+        offset = merge_offset + merge_bytes if merge_bytes else offset
         bar_offset = _align(offset, MBARRIER_ALIGN)
-        flag_offset = bar_offset + self.abi.barriers.bytes
+        flag_offset = bar_offset + abi.barriers.bytes
         total = flag_offset + 8 + SMEM_ALIGN_SLACK
         if total > self.smem_limit:
             raise SpecError(f"{s.name} needs {total} bytes of shared memory, over the {self.smem_limit}-byte limit; use "
@@ -485,7 +522,7 @@ class Plan:
             raise SpecError(f"{s.name}: the key groups' exchange of {self.exchange_bytes} bytes does not fit the "
                             f"{rings}-byte K/V rings")
         return SmemMap(placed["q"], self.q.smem_bytes, placed["k"], self.k.smem_bytes, placed["v"], self.v.smem_bytes,
-                       bar_offset, flag_offset, total, swap_offset, swap_bytes)
+                       bar_offset, flag_offset, total, swap_offset, swap_bytes, merge_offset, merge_bytes)
 
     # ----- the swapped products (DecodeSpec.swap; each read verified by layouts.operands.read_tile) -----
 
