@@ -54,7 +54,11 @@ common.write_text(c)
 mt = src / "templates/decode_sm90/merge.j2"; m = mt.read_text()
 m = m.replace("  cluster_sync();\n  merge_rows(args, w, ctid * args.splits + w.split", "  cluster_sync();\n  if (ctid == 0) stamp(10);\n  merge_rows(args, w, ctid * args.splits + w.split")
 m = m.replace("  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n", "  if (!ld_shared_s32(flag)) return;\n  __threadfence();\n  if (ctid == 0) stamp(10);\n")
-assert m.count("stamp(10)") == 2
+# The push merge (plan.push_merge): rows staged and shared (9), split 0's MergeFull complete (10).
+m = m.replace("  named_barrier_sync(kMergeBarrier, cfg::kOutputThreads);\n  if (rank != 0) {",
+              "  named_barrier_sync(kMergeBarrier, cfg::kOutputThreads);\n  if (ctid == 0) stamp(9);\n  if (rank != 0) {")
+m = m.replace("  mbar_wait(bar(bars, kBarMergeFull), 0);\n", "  mbar_wait(bar(bars, kBarMergeFull), 0);\n  if (ctid == 0) stamp(10);\n")
+assert m.count("stamp(10)") == 3 and m.count("stamp(9)") == 1
 mt.write_text(m)
 # The exit stamps go after consumer() returns, so that both consumers (plain and swapped) have them.
 k = k.replace("  consumer(args, w, smem, bars, warpgroup - 1, tid);\n}",
@@ -93,5 +97,6 @@ for text in sys.argv[1:]:
     for col, name in [(11, "Q landed"), (3, "first K landed"), (2, "producer done"), (4, "kg0 loop end"), (5, "kg1 loop end"), (8, "normalized"), (6, "kg merge done"), (9, "partial stored"), (10, "merge sync"), (12, "stamp 12"), (13, "stamp 13"), (7, "exit")]:
         if (st[:, col] == 0).all():
             continue
-        v = q((st[:, col] - st[:, 15]) / ghz / 1000.0 + (st[:, 0] - t0) / 1000.0)
+        hit = st[:, col] != 0  # a stamp only some CTAs write (split 0's MergeFull) counts those
+        v = q(((st[:, col] - st[:, 15]) / ghz / 1000.0 + (st[:, 0] - t0) / 1000.0)[hit])
         print(f"  {name:>18}: min {v[0]:7.2f} p10 {v[len(v)//10]:7.2f} med {v[len(v)//2]:7.2f} p90 {v[9*len(v)//10]:7.2f} max {v[-1]:7.2f} us")
