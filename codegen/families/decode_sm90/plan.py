@@ -439,6 +439,11 @@ class Plan:
         rows = self.spec.rows
         return _align(rows * (self.spec.head_dim + 1) * F32_BYTES, BULK_COPY_ALIGN)
 
+    @property
+    def merge_region_bytes(self) -> int:
+        """The push merge's slots: one for each split of a cluster of MAX_CLUSTER_SPLITS."""
+        return MAX_CLUSTER_SPLITS * self.merge_slot_bytes
+
     @cached_property
     def push_merge(self) -> bool:
         """Whether a cluster's splits merge by pushing their rows into split 0's shared memory (one bulk copy each,
@@ -449,7 +454,7 @@ class Plan:
         if self.tiles_m > 1:
             return False
         try:
-            self._layout(self._abi(True), MAX_CLUSTER_SPLITS * self.merge_slot_bytes)
+            self._layout(self._abi(True), self.merge_region_bytes)
         except SpecError:
             return False
         return True
@@ -493,7 +498,7 @@ class Plan:
 
     @cached_property
     def smem(self) -> SmemMap:
-        return self._layout(self.abi, MAX_CLUSTER_SPLITS * self.merge_slot_bytes if self.push_merge else 0)
+        return self._layout(self.abi, self.merge_region_bytes if self.push_merge else 0)
 
     def _layout(self, abi: KernelABI, merge_bytes: int) -> SmemMap:
         """Q, the K and V rings, the swapped products' regions, the push merge's slots, then the mbarriers of `abi`."""
