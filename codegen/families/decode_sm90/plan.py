@@ -19,6 +19,7 @@ from functools import cached_property
 import layouts
 from layouts.operands import WGMMA_M, TileRead, read_tile
 from layouts.paged import PagedTile, paged_tile
+from layouts.staging import F32_BYTES
 
 from codegen.abi import KernelABI, SiblingKernel
 from codegen.spec import MMA_K, ROWS_PER_CONSUMER, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, SpecError
@@ -78,7 +79,6 @@ MAX_CLUSTER_SPLITS = 8
 # A bulk copy between CTAs' shared memories moves whole 16-byte units from and to 16-byte aligned addresses (PTX ISA
 # "cp.async.bulk"): a split's staged rows for the push merge (Plan.push_merge) are padded to it.
 BULK_COPY_ALIGN = 16
-F32_BYTES = 4
 # 0: a dense cache; else rows per page of a paged cache, a TMA load per page and column block (layouts.paged; at
 # most a TMA box). Pages of 1 row are refused to TMA at D=96, whose 64-byte rows would put every second page's
 # TMA destination off the 128 bytes tensor copies need; gathered (DecodeSpec.gather) they load.
