@@ -148,11 +148,11 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--block-n", type=int, default=0,
                         help="keys per K/V tile, a multiple of 16 in 64..256 that fits the registers (default: per shape)")
     parser.add_argument("--stages", type=int, default=0, help="depth of the K/V ring (default: as deep as fits)")
-    parser.add_argument("--kv-heads", type=int, default=0, metavar="N",
+    parser.add_argument("--kv-heads", type=int, default=None, metavar="N",
                         help="K/V heads for grouped-query attention (default: the query heads)")
-    parser.add_argument("--seq-k", type=int, default=0, metavar="N", help="key/value length (default: S)")
+    parser.add_argument("--seq-k", type=int, default=None, metavar="N", help="key/value length (default: S)")
     window_arguments(parser)
-    parser.add_argument("--decode", type=int, default=0, metavar="S_Q",
+    parser.add_argument("--decode", type=int, default=None, metavar="S_Q",
                         help="the decode kernel instead (attention_with_kvcache): S_Q new tokens per sequence over "
                              "a KV cache; S in --shape is then the cache's capacity, a run-time value")
     parser.add_argument("--page-size", type=int, default=0, metavar="P",
@@ -216,8 +216,14 @@ def _spec_from(args):
     except ValueError:
         raise SpecError(f"--shape expects S,H,D as three integers, got {args.shape!r}") from None
     window = parse_window(args.window)
-    if getattr(args, "decode", 0):
-        return _decode_spec_from(args, h, d, window)
+    # Options whose absence means "the default": an explicit value out of range is an error, never the default.
+    for flag, value in (("--kv-heads", getattr(args, "kv_heads", None)), ("--seq-k", getattr(args, "seq_k", None))):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} must be at least 1, got {value} (leave it out for the default)")
+    if getattr(args, "decode", None) is not None:
+        if getattr(args, "backward", False):
+            raise SpecError("--decode and --backward are different kernels: give one of them")
+        return _decode_spec_from(args, s, h, d, window)
     if getattr(args, "backward", False):
         return _backward_spec_from(args, s, h, d, window)
     if getattr(args, "deterministic", False):
@@ -228,7 +234,8 @@ def _spec_from(args):
                         "--decode S_Q")
     return resolve(KernelSpec(seq_len=s, heads=h, head_dim=d, dtype=args.dtype, causal=args.causal, arch=args.arch,
                               block_n=args.block_n, pv_split=parse_split(args.split), stages=args.stages,
-                              kv_heads=args.kv_heads, seq_len_k=args.seq_k, window=window, softcap=args.softcap,
+                              kv_heads=args.kv_heads or 0, seq_len_k=args.seq_k or 0, window=window,
+                              softcap=args.softcap,
                               varlen=args.varlen, sinks=args.sinks, multicast=args.multicast))
 
 
@@ -250,13 +257,18 @@ def _backward_spec_from(args, seq: int, heads: int, dim: int, window: tuple[int,
                                 varlen=args.varlen, arch=args.arch))
 
 
-def _decode_spec_from(args, heads: int, dim: int, window: tuple[int, int]):
+def _decode_spec_from(args, capacity: int, heads: int, dim: int, window: tuple[int, int]):
     from .families.decode_sm90 import DecodeSpec, resolve
     from .families.decode_sm90.plan import gather_by_default
     from .spec import SpecError
 
     if args.decode < 1:
         raise SpecError(f"--decode expects the number of new tokens per sequence (>= 1), got {args.decode}")
+    if capacity < 1:
+        raise SpecError(f"--shape S_MAX,H,D: a cache of at least one row, got S_MAX {capacity}")
+    if args.decode > capacity:
+        raise SpecError(f"--decode {args.decode}: that many new tokens do not fit a cache of {capacity} rows (S_MAX "
+                        "in --shape)")
     for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen),
                         ("--multicast", args.multicast is not None)):
         if given:
@@ -353,7 +365,9 @@ def generate_main(argv: list[str]) -> int:
         check_writable(out, "--out")
         if export is not None:
             check_destination(export, spec.name, force=args.force)
-        decode = bool(args.decode)
+        decode = args.decode is not None
+        if args.run and args.batch < 1:
+            raise CliError(f"--batch must be at least 1, got {args.batch}")
         if args.backward and (args.run or export is not None):
             raise CliError(("--run" if args.run else "--export") + " is not written for the backward kernels yet: "
                            "run them through codegen.attention(...).backward() or `gen.py bench --matrix backward`")
@@ -400,12 +414,7 @@ def generate_main(argv: list[str]) -> int:
 
 def _decode_run_capacity(args) -> int:
     """S_MAX of --shape, the caches' rows for `--decode ... --run` (a run-time value of the kernel)."""
-    capacity = int(args.shape.split(",")[0])
-    if capacity < 1:
-        raise CliError(f"--run needs caches of at least one row: S_MAX in --shape is {capacity}")
-    if args.batch < 1:
-        raise CliError(f"--batch must be at least 1, got {args.batch}")
-    return capacity
+    return int(args.shape.split(",")[0])  # at least one row and the new tokens: _decode_spec_from checked
 
 
 def _one_line(e: BaseException) -> str:

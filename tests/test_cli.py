@@ -45,6 +45,23 @@ def run_cli(args, env=None, cwd=None, timeout=300, preexec_fn=None):
 # 1. One clear line on stderr, a non-zero exit, nothing half-written
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "1024,16,128", "--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
+    (["--shape", "1024,16,128", "--seq-k", "0"], "--seq-k must be at least 1, got 0"),
+    (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "0"], "new tokens per sequence (>= 1), got 0"),
+    (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "1", "--backward"], "different kernels"),
+    (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "1025"], "do not fit a cache of 1024 rows"),
+    (["--shape", "0,16,128", "--kv-heads", "4", "--decode", "1"], "at least one row, got S_MAX 0"),
+    (["--shape", "256,2,64", "--run", "--batch", "0"], "--batch must be at least 1, got 0"),
+    (["--shape", "256,2,64", "--kv-heads", "2", "--decode", "1", "--run", "--batch", "0"], "--batch must be at least 1"),
+])
+def test_an_explicit_value_out_of_range_is_an_error_not_the_default(args, message, tmp_path, capsys):
+    """A zero that used to mean "the default" (--decode 0 emitted the forward kernel) is refused, before any file."""
+    assert gen.main([*args, "--out", str(tmp_path)]) == 2
+    assert message in one_error_line(capsys)
+    assert not list(tmp_path.iterdir())
+
+
 def test_export_onto_a_file_fails_in_one_line_before_writing(tmp_path, capsys):
     target = tmp_path / "afile"
     target.write_text("mine\n")
