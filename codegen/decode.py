@@ -90,6 +90,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     _require_torch("codegen.attention_with_kvcache()")
     import torch
 
+    if torch.compiler.is_compiling():  # torch.compile traces the custom ops (codegen.torch_op), not this body
+        from .torch_op import compiled_attention_with_kvcache
+
+        return compiled_attention_with_kvcache(
+            q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new, page_table=page_table, return_lse=return_lse,
+            out=out, check=check, causal=causal, scale=scale, window=window, softcap=softcap, sinks=sinks,
+            num_splits=num_splits, block_n=block_n, stages=stages, gather=gather, ctas_per_sm=ctas_per_sm, pdl=pdl,
+            swap=swap, head_pack=head_pack)
     key = None
     try:
         key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,

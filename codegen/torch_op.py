@@ -1,8 +1,10 @@
-"""flashgen's forward and backward as torch custom ops (`torch.ops.flashgen.attention`,
-`torch.ops.flashgen.attention_backward`), so torch.compile traces `codegen.attention` into its graph without a
-break, training included: the ops' fake implementations give the output shapes, their real ones are the eager
-calls (codegen.api, codegen.backward), and the forward op's autograd formula is the backward op. Eager calls do
-not go through the ops (their dispatch costs more than the whole call), only traced ones."""
+"""flashgen's calls as torch custom ops, so torch.compile traces them into its graph without a break: the forward
+and backward (`torch.ops.flashgen.attention`, `torch.ops.flashgen.attention_backward`; training included, the
+forward op's autograd formula being the backward op) and decode over a KV cache
+(`torch.ops.flashgen.attention_with_kvcache`, and `..._append` where new tokens are written into the cache in
+place, the one op that mutates its inputs). The ops' fake implementations give the output shapes, their real
+ones are the eager calls (codegen.api, codegen.backward, codegen.decode). Eager calls do not go through the ops
+(their dispatch costs more than the whole call), only traced ones."""
 
 from __future__ import annotations
 
@@ -130,3 +132,94 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
                         max_seqlen_q, max_seqlen_k, int(tuning.get("block_n", 0)),
                         int(tuning.get("stages", 0)), bool(tuning.get("pingpong", True)), tuning.get("persistent"),
                         tuning.get("tile_overlap"), bool(tuning.get("short_tail", True)), bool(deterministic))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decode over a KV cache (codegen.decode): two ops, so that only a call with new tokens is declared to write the
+# caches (a mutation the compiler must order and may not copy around); both return (o, lse).
+
+
+# The options both ops take after their tensors, in this order (their schemas spell them out with types).
+KVCACHE_OPTIONS = ("causal", "scale", "window", "softcap", "sinks", "num_splits", "block_n", "stages", "gather",
+                   "ctas_per_sm", "pdl", "swap", "head_pack")
+
+
+def _kvcache_call(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, *options):
+    from .decode import attention_with_kvcache
+
+    named = dict(zip(KVCACHE_OPTIONS, options, strict=True))
+    named["window"] = None if named["window"] is None else tuple(named["window"])
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new, page_table=page_table,
+                                  return_lse=True, **named)
+
+
+@torch.library.custom_op("flashgen::attention_with_kvcache", mutates_args=(), device_types="cuda")
+def kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+               page_table: Optional[torch.Tensor], causal: bool, scale: Optional[float], window: Optional[list[int]],
+               softcap: float, sinks: Optional[torch.Tensor], num_splits: int, block_n: int, stages: int,
+               gather: Optional[bool], ctas_per_sm: int, pdl: bool, swap: Optional[bool],
+               head_pack: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_call(q, k_cache, v_cache, cache_seqlens, None, None, page_table, causal, scale, window, softcap,
+                         sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl, swap, head_pack)
+
+
+@torch.library.custom_op("flashgen::attention_with_kvcache_append", mutates_args=("k_cache", "v_cache"),
+                         device_types="cuda")
+def kvcache_append_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                      k_new: torch.Tensor, v_new: torch.Tensor, page_table: Optional[torch.Tensor], causal: bool,
+                      scale: Optional[float], window: Optional[list[int]], softcap: float,
+                      sinks: Optional[torch.Tensor], num_splits: int, block_n: int, stages: int,
+                      gather: Optional[bool], ctas_per_sm: int, pdl: bool, swap: Optional[bool],
+                      head_pack: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_call(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, causal, scale, window, softcap,
+                         sinks, num_splits, block_n, stages, gather, ctas_per_sm, pdl, swap, head_pack)
+
+
+def _kvcache_fake(q, *_):
+    """o in q's shape (contiguous) and the (B, H, S_q) float32 logsumexp, whatever else the call holds."""
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+
+
+kvcache_op.register_fake(_kvcache_fake)
+kvcache_append_op.register_fake(_kvcache_fake)
+
+KVCACHE_UNTRACED = "out= or check=True (it writes a given tensor, or reads the lengths on the host)"
+
+
+def _eager_kvcache(q, k_cache, v_cache, cache_seqlens, options):
+    """attention_with_kvcache() outside the graph, for a call the ops cannot carry: a graph break, then the call."""
+    from .decode import attention_with_kvcache
+
+    return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, **options)
+
+
+try:
+    _eager_kvcache = torch.compiler.disable(_eager_kvcache, reason=f"flashgen: {KVCACHE_UNTRACED} runs eagerly")
+except TypeError:  # a torch whose disable() takes no reason
+    _eager_kvcache = torch.compiler.disable(_eager_kvcache)
+
+
+def compiled_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new, v_new, page_table, return_lse, out,
+                                    check, **options):
+    """attention_with_kvcache() as torch.compile sees it: one of the two ops (the append op where k_new is given),
+    `options` being KVCACHE_OPTIONS. The shape checks run while tracing (they read no data), the rest when the op
+    runs, before its launch; `out=` and `check=True` break the graph and run eagerly (`fullgraph=True` refuses
+    that, saying why)."""
+    from .decode import NO_BACKWARD, InputError, _check_shapes
+
+    if out is not None or check:
+        return _eager_kvcache(q, k_cache, v_cache, cache_seqlens, dict(
+            k_new=k_new, v_new=v_new, page_table=page_table, return_lse=return_lse, out=out, check=check, **options))
+    _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
+        raise InputError(NO_BACKWARD)
+    window = options["window"]
+    options = dict(options, causal=bool(options["causal"]), softcap=float(options["softcap"]),
+                   window=None if window is None else [int(w) for w in window])
+    values = tuple(options[name] for name in KVCACHE_OPTIONS)
+    if k_new is None:
+        o, lse = kvcache_op(q, k_cache, v_cache, cache_seqlens, page_table, *values)
+    else:
+        o, lse = kvcache_append_op(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, *values)
+    return (o, lse) if return_lse else o

@@ -571,3 +571,102 @@ def test_split_tiles_under_a_wave_take_one_consumer_a_cta():
     launcher = run_chosen(batch, seed=25)
     assert launcher.splits > 1 and launcher.plan.spec.ctas_per_sm == 2
     assert batch * 8 * launcher.splits >= decode.SPLIT_TWO_CTA_MIN_FILL * sms
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A decode step as inference engines run it: captured once in a CUDA graph and replayed as the lengths advance, or
+# compiled whole by torch.compile (the custom ops; tests/test_decode_compile.py checks the tracing on the CPU).
+
+def decode_steps(step, q, k, v, k_rows, seqlens, outputs, steps, new, pages=None):
+    """Run `step()` `steps` times, advancing the device lengths by `new` after each; each step's (o, lse) =
+    outputs() against float64 over the caches as they are then (read back through the page table where paged), its
+    new rows checked in place and every other row of k_rows() (the K cache as a dense view) bitwise unchanged."""
+    for _ in range(steps):
+        before = k_rows().clone()
+        q.copy_(torch.randn_like(q))
+        k_new, v_new = step.refill()
+        for t in outputs() or ():  # a graph's outputs stay at their addresses: poisoned before each replay
+            t.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        k_now, v_now = (from_pages(c, pages) if pages is not None else c for c in (k, v))
+        n = seqlens.tolist()
+        for b in range(q.shape[0]):
+            assert torch.equal(k_now[b, n[b]:n[b] + new], k_new[b])
+            assert torch.equal(v_now[b, n[b]:n[b] + new], v_new[b])
+            before[b, n[b]:n[b] + new] = k_new[b]
+        assert torch.equal(k_rows().view(torch.int16), before.view(torch.int16)), "only the new rows change"
+        o, lse = outputs()
+        assert_matches_float64(o, lse, q, k_now, v_now, [x + new for x in n], dict(causal=True))
+        seqlens += new
+
+
+class Step:
+    """One decode step's static buffers (q, k_new, v_new and the lengths stay at their addresses, as a graph needs)."""
+
+    def __init__(self, q, k, v, seqlens, new, **options):
+        self.q, self.k, self.v, self.seqlens, self.options = q, k, v, seqlens, options
+        self.k_new = torch.empty(q.shape[0], new, k.shape[2], q.shape[3], device="cuda", dtype=q.dtype)
+        self.v_new = torch.empty_like(self.k_new)
+        self.out = None  # (o, lse) of the last call
+
+    def refill(self):
+        self.k_new.copy_(torch.randn_like(self.k_new))
+        self.v_new.copy_(torch.randn_like(self.v_new))
+        return self.k_new, self.v_new
+
+    def call(self):
+        self.out = attention_with_kvcache(self.q, self.k, self.v, self.seqlens, k_new=self.k_new, v_new=self.v_new,
+                                          return_lse=True, **self.options)
+
+
+@pytest.mark.parametrize("batch, new, page, num_splits", [(1, 1, 0, 0), (3, 2, 0, 3), (2, 1, 16, 0), (2, 4, 4, 0)])
+def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(batch, new, page, num_splits):
+    """Batch 1 takes clustered splits (the push merge), 3 plain splits (the workspace), pages by TMA (16) and gathered
+    (4); each replay appends in place at the lengths the device holds then, and attends."""
+    capacity = 512
+    lengths = [100, 300, 7][:batch]
+    k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=11)  # NaN past the lengths
+    pages = None
+    if page:
+        k, pages = to_pages(k, page, seed=2)
+        v, _ = to_pages(v, page, seed=2)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, new, 32, 128, device="cuda", dtype=torch.bfloat16)
+    step = Step(q, k, v, seqlens, new, page_table=pages, num_splits=num_splits)
+    step.refill()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step.call()  # compiled, loaded, and the capture stream's workspace made, outside the capture
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        step.call()
+    replay = graph.replay
+    k_rows = (lambda: from_pages(k, pages)) if page else (lambda: k)
+
+    class Replay:
+        refill = staticmethod(step.refill)
+
+        def __call__(self):
+            replay()
+    decode_steps(Replay(), q, k, v, k_rows, seqlens, lambda: step.out, steps=3, new=new, pages=pages)
+
+
+def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
+    torch._dynamo.reset()
+    batch, new = 2, 2
+    k, v = make_cache(batch, 512, 8, 128, [33, 400], torch.bfloat16, seed=12)
+    seqlens = torch.tensor([33, 400], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, new, 32, 128, device="cuda", dtype=torch.bfloat16)
+    step = Step(q, k, v, seqlens, new)
+    compiled = torch.compile(lambda q, k, v, n, kn, vn: attention_with_kvcache(q, k, v, n, k_new=kn, v_new=vn,
+                                                                               return_lse=True), fullgraph=True)
+
+    class Compiled:
+        refill = staticmethod(step.refill)
+
+        def __call__(self):
+            step.out = compiled(q, k, v, seqlens, step.k_new, step.v_new)
+    decode_steps(Compiled(), q, k, v, lambda: k, seqlens, lambda: step.out, steps=2, new=new)
