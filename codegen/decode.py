@@ -99,15 +99,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             num_splits=num_splits, block_n=block_n, stages=stages, gather=gather, ctas_per_sm=ctas_per_sm, pdl=pdl,
             swap=swap, head_pack=head_pack)
     key = None
-    try:
-        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
-               v_cache.dtype, q.device, k_cache.device, v_cache.device, cache_seqlens.shape, cache_seqlens.dtype,
-               cache_seqlens.device, None if k_new is None else (k_new.shape, k_new.stride(), v_new.stride()),
-               None if page_table is None else (page_table.shape, page_table.stride(), page_table.dtype,
-                                                page_table.device),
-               bool(causal), scale, None if window is None else tuple(window), float(softcap),
-               None if sinks is None else (sinks.shape, sinks.dtype, sinks.device), num_splits, block_n, stages,
-               gather, ctas_per_sm, bool(pdl), swap, head_pack)
+    try:  # everything the first call's checks read, so that a call the key finds would pass them all
+        key = (_facts(q), _facts(k_cache), _facts(v_cache), _facts(cache_seqlens), _facts(k_new), _facts(v_new),
+               _facts(page_table), _facts(sinks), bool(causal), scale, None if window is None else tuple(window),
+               float(softcap), num_splits, block_n, stages, gather, ctas_per_sm, bool(pdl), swap, head_pack)
         launcher = _LAUNCHERS.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks below say what is wrong
         key, launcher = None, None
@@ -121,7 +116,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
             _LAUNCHERS[key] = launcher
     # The per-call checks, written out: this is the hot path of a decode step (host time: bench/LOG.md d17).
     if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or (
-            k_new is not None and (k_new.requires_grad or v_new.requires_grad))):
+            k_new is not None and (k_new.requires_grad or v_new.requires_grad)) or (
+            sinks is not None and sinks.requires_grad)):
         raise InputError(NO_BACKWARD)
     if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16 or (k_new is not None and (
             k_new.data_ptr() | v_new.data_ptr()) % 16) or (sinks is not None and sinks.data_ptr() % 4):
@@ -136,6 +132,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table)
     return (o, lse) if return_lse else o
+
+
+def _facts(t):
+    """What the checks read of a tensor argument (None: not given): each one's part of the launcher's key."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> int:

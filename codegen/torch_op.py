@@ -212,7 +212,8 @@ def compiled_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new
         return _eager_kvcache(q, k_cache, v_cache, cache_seqlens, dict(
             k_new=k_new, v_new=v_new, page_table=page_table, return_lse=return_lse, out=out, check=check, **options))
     _check_shapes(q, k_cache, v_cache, k_new, v_new, page_table)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k_new, v_new)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (q, k_cache, v_cache, k_new, v_new, options["sinks"])):
         raise InputError(NO_BACKWARD)
     window = options["window"]
     options = dict(options, causal=bool(options["causal"]), softcap=float(options["softcap"]),

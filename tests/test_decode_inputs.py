@@ -60,3 +60,48 @@ def test_the_reference_is_attention_over_each_sequences_keys():
     assert torch.allclose(o2, plain)
     assert torch.allclose(lse3, torch.logaddexp(plain_lse, torch.tensor(5.0, dtype=torch.float64)))
     assert o3.norm() < plain.norm()
+
+
+def test_a_call_that_differs_from_a_cached_one_in_anything_checked_makes_its_own_launcher(monkeypatch):
+    """The launcher cache's key holds what the first call's checks read of every tensor (shape, strides, dtype,
+    device), so a later call that would fail them (a v_cache of another shape behind the same strides, strided
+    lengths or sinks, new tokens of another dtype) is checked again instead of launched."""
+    import codegen.decode as decode
+    from codegen.api import InputError
+
+    made = []
+
+    class Launcher:
+        def __call__(self, *args):
+            pass
+
+    def make(*args, **kwargs):
+        made.append(args)
+        return Launcher()
+
+    monkeypatch.setattr(decode, "_LAUNCHERS", {})
+    monkeypatch.setattr(decode, "_make_launcher", make)
+    monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
+    big = torch.zeros(2, 512, 2, 64, dtype=torch.bfloat16)
+    base = dict(cpu_inputs(k_cache=big[:, :256], v_cache=big.clone()[:, :256]),
+                k_new=torch.zeros(2, 1, 2, 64, dtype=torch.bfloat16), v_new=torch.zeros(2, 1, 2, 64, dtype=torch.bfloat16),
+                sinks=torch.zeros(8))
+    variants = [
+        {},
+        dict(v_cache=big.clone()[:, :128]),                                      # same strides, another shape
+        dict(cache_seqlens=torch.tensor([3, 0, 4, 0], dtype=torch.int32)[::2]),  # strided lengths
+        dict(sinks=torch.zeros(16)[::2]),                                        # strided sinks
+        dict(k_new=torch.zeros(2, 1, 2, 64, dtype=torch.float16)),               # another dtype
+        dict(v_new=torch.zeros(4, 1, 2, 64, dtype=torch.bfloat16)[::2]),         # another stride
+    ]
+    for i, over in enumerate(variants):
+        args = dict(base, **over)
+        decode.attention_with_kvcache(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"),
+                                      args.pop("cache_seqlens"), **args)
+        assert len(made) == i + 1, f"variant {over} reused a launcher made for another call"
+    decode.attention_with_kvcache(base["q"], base["k_cache"], base["v_cache"], base["cache_seqlens"],
+                                  k_new=base["k_new"], v_new=base["v_new"], sinks=base["sinks"])
+    assert len(made) == len(variants), "the same call finds its launcher"
+    with pytest.raises(InputError, match="no backward pass"):  # decode has none: a sink needing a gradient is refused
+        decode.attention_with_kvcache(base["q"], base["k_cache"], base["v_cache"], base["cache_seqlens"],
+                                      sinks=torch.zeros(8, requires_grad=True))
