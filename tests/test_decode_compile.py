@@ -105,3 +105,27 @@ def test_shapes_are_refused_while_tracing_and_out_breaks_the_graph():
     with pytest.raises(Exception, match="out= or check=True"):
         torch.compile(lambda *a: attention_with_kvcache(*a, out=out), fullgraph=True, backend="eager")(
             q, k_cache, v_cache, lens)
+
+
+def test_inductor_calls_the_append_op_on_the_caches_themselves():
+    """A compiled step must write the caches where they are: no copy of a (possibly GB-sized) cache before the op
+    and no copy back after it (the op's write annotations let inductor call it on the graph's inputs)."""
+    import shutil
+
+    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        pytest.skip("inductor's CPU backend needs a C++ compiler, and none is on PATH")
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    q, k_cache, v_cache, lens, k_new, v_new = inputs(seed=3)
+    step = torch.compile(lambda q, k, v, n, kn, vn: attention_with_kvcache(q, k, v, n, k_new=kn, v_new=vn),
+                         fullgraph=True)
+    o, codes = run_and_get_code(step, q, k_cache, v_cache, lens, k_new, v_new)
+    code = "\n".join(codes)
+    calls = [line for line in code.splitlines() if "flashgen.attention_with_kvcache_append.default(" in line]
+    assert len(calls) == 1, code
+    assert "clone" not in code and "copy" not in code, code
+    for b, n in enumerate(lens.tolist()):
+        assert torch.equal(k_cache[b, n:n + 2], k_new[b]) and torch.equal(v_cache[b, n:n + 2], v_new[b])
+    ref, _ = check.kvcache_reference(q, k_cache, v_cache, (lens + 2).tolist())
+    assert torch.equal(o, ref.to(o.dtype))
