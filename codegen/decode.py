@@ -86,6 +86,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     What cannot be checked without reading device memory: that every cache_seqlens[b] (+ S_q with k_new)
     is at most the capacity, and that the page table's entries a sequence uses are pages of the cache.
     `check=True` copies cache_seqlens (and the page table) to the host and checks them (a synchronization).
+
+    Under torch.compile the call is a custom op (codegen.torch_op; with k_new the one that writes the caches), so a
+    decode step compiles as one graph; `out=` and `check=True` break it. A call without `check` can be captured in
+    a CUDA graph once it has run outside the capture on that stream (the kernel loaded, the workspace made).
     """
     _require_torch("codegen.attention_with_kvcache()")
     import torch
