@@ -29,6 +29,7 @@ MAX_GRID_YZ = 65535
 MAPS_PER_CACHE = 256
 MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
+_CAPTURED_WORKSPACES: list = []  # split launches captured into CUDA graphs: each its own workspace (_workspace_for)
 # A split should stream at least this many key blocks: below it the merge's reads outweigh what the split saves.
 MIN_BLOCKS_PER_SPLIT = 2
 SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
@@ -89,7 +90,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
 
     Under torch.compile the call is a custom op (codegen.torch_op; with k_new the one that writes the caches), so a
     decode step compiles as one graph; `out=` and `check=True` break it. A call without `check` can be captured in
-    a CUDA graph once it has run outside the capture on that stream (the kernel loaded, the workspace made).
+    a CUDA graph once the same call has run outside the capture (which compiles and loads the kernel); a captured
+    launch of several splits has a workspace of its own, so a graph may replay on any stream.
     """
     _require_torch("codegen.attention_with_kvcache()")
     import torch
@@ -264,18 +266,25 @@ class DecodeLauncher:
 
     def _workspace_for(self, stream: int, device) -> tuple[int, int, int]:
         """The addresses of (ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every
-        launch, so launches in order on one stream share them; another stream gets its own (kept alive here)."""
-        ws = self._workspace.get(stream)
-        if ws is None:
-            import torch
+        launch, so launches in order on one stream share them; another stream gets its own (kept alive here). A
+        split launch captured into a CUDA graph gets its own (its counter zeroed by a captured memset before every
+        replay), since a graph may replay on any stream, beside eager calls and other graphs."""
+        import torch
 
+        captured = self.splits > 1 and torch.cuda.is_current_stream_capturing()
+        ws = None if captured else self._workspace.get(stream)
+        if ws is None:
             tiles = self.batch * self.grid[1]
             rows = tiles * max(self.splits, 1) * self.plan.block_m
             split = self.splits > 1
             tensors = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
                        torch.empty(rows if split else 0, dtype=torch.float32, device=device),
                        torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
-            ws = self._workspace[stream] = (tuple(t.data_ptr() for t in tensors), tensors)
+            ws = (tuple(t.data_ptr() for t in tensors), tensors)
+            if captured:
+                _CAPTURED_WORKSPACES.append(tensors)  # alive as long as a graph may replay the launch
+            else:
+                self._workspace[stream] = ws
         return ws[0]
 
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:

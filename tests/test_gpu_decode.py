@@ -638,7 +638,7 @@ def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(b
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        step.call()  # compiled, loaded, and the capture stream's workspace made, outside the capture
+        step.call()  # compiled and loaded outside the capture
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
