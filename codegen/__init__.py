@@ -1,7 +1,7 @@
 """flashgen code generation: spec -> plan -> rendered CUDA source -> NVRTC cubin -> launch.
 
-`attention`, `prepare` (the tensor API, codegen.api) and `attention_with_kvcache` (codegen.decode) are imported on first use, so that the generator
-itself never needs torch.
+`attention`, `prepare` (the tensor API, codegen.api), `attention_with_kvcache` (codegen.decode) and
+`attention_backward` (codegen.backward) are imported on first use, so that the generator itself never needs torch.
 """
 
 __version__ = "0.1.0"
@@ -16,4 +16,8 @@ def __getattr__(name):
         from . import decode
 
         return decode.attention_with_kvcache
+    if name == "attention_backward":
+        from . import backward
+
+        return backward.attention_backward
     raise AttributeError(f"module 'codegen' has no attribute {name!r}")

@@ -334,6 +334,33 @@ def accuracy_failure(x, ref, yardstick, *, factor: float = 2.0, floor: float = 1
     return None
 
 
+# A logsumexp's error against float64: float32 running maxima, sums and log2, per element. Tight enough that a row
+# whose sum lost one key of a few thousand (o then scaled by 1e-3 or less, under o's own bound) fails.
+LSE_ATOL, LSE_RTOL = 1e-4, 1e-5
+
+
+def lse_failure(lse, ref) -> str | None:
+    """Why lse fails against the float64 `ref`, or None: infinite (no key and no sink) exactly where ref is, NaN
+    nowhere, and within LSE_ATOL + LSE_RTOL |ref| elsewhere."""
+    import torch
+
+    ref = ref.to(lse.device).double()
+    lse = lse.double()
+    if torch.isnan(lse).any():
+        return f"{int(torch.isnan(lse).sum())} logsumexp rows hold NaN (never written?)"
+    if not torch.equal(torch.isinf(lse), torch.isinf(ref)):
+        return "lse is infinite where the reference is not, or finite where it is infinite"
+    finite = torch.isfinite(ref)
+    if not bool(finite.any()):
+        return None
+    err, bound = (lse - ref)[finite].abs(), LSE_ATOL + LSE_RTOL * ref[finite].abs()
+    if bool((err <= bound).all()):
+        return None
+    worst = int((err - bound).argmax())
+    return (f"lse off by {float(err[worst]):.3e} at a value {float(ref[finite][worst]):.4f}; "
+            f"{int((err > bound).sum())} of {err.numel()} outside {LSE_ATOL:g} + {LSE_RTOL:g} |ref|")
+
+
 def row_err_vs_rms(x, ref) -> float:
     """The worst row's ||x_r - ref_r|| over the RMS row norm of ref (||ref|| / sqrt(rows)), a row being the last dim.
     One wrong row stands out as in row_rel_err, but a row far smaller than the others is not held to its own tiny

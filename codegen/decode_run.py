@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from . import check
 
 WARMUP, ITERS = 10, 100
-LSE_TOLERANCE = 2e-3  # natural-log units, where the reference row sees a key (as tests/test_gpu_decode.py)
 
 
 @dataclass
@@ -118,14 +117,9 @@ def decode_verdict(torch, spec, inputs: DecodeInputs, o, lse) -> Verdict:
     same_dtype, _ = check.kvcache_reference(inputs.q, inputs.k, inputs.v, inputs.lengths, same_dtype=True, **options)
     failure = check.accuracy_failure(o, ref, same_dtype, floor=1e-6)
     seen = torch.isfinite(ref_lse)
-    lse = lse.double()
-    lse_err = float((lse[seen] - ref_lse[seen]).abs().max()) if bool(seen.any()) else 0.0
-    lse_failure = None
-    if not torch.equal(torch.isfinite(lse), seen):
-        lse_failure = "lse is not finite exactly where a row sees a key"
-    elif not lse_err <= LSE_TOLERANCE:  # NaN fails too
-        lse_failure = f"lse off by {lse_err:.3e} > {LSE_TOLERANCE:g}"
-    return Verdict(failure, check.rel_err(o, ref), check.rel_err(same_dtype, ref), lse_err, lse_failure)
+    lse_err = float((lse.double()[seen] - ref_lse[seen]).abs().max()) if bool(seen.any()) else 0.0
+    return Verdict(failure, check.rel_err(o, ref), check.rel_err(same_dtype, ref), lse_err,
+                   check.lse_failure(lse, ref_lse))
 
 
 def describe(spec, inputs: DecodeInputs, capacity: int) -> str:

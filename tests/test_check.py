@@ -277,3 +277,23 @@ def test_gradient_failure_holds_rows_to_the_typical_row_and_zero_gradients_to_at
     failure = gradient_failure(noisy - yardstick, zero, torch.zeros_like(yardstick))
     assert failure.startswith("the reference is 0 throughout: |x| up to 3.0")
     assert gradient_failure(noisy - yardstick, zero, torch.zeros_like(yardstick), atol=1e-5) is None
+
+
+def test_lse_failure_catches_a_row_that_lost_one_key_of_thousands():
+    torch = pytest.importorskip("torch")
+    from codegen import check
+
+    torch.manual_seed(0)
+    scores = torch.randn(4, 3000, dtype=torch.float64)
+    ref = torch.logsumexp(scores, dim=-1)
+    assert check.lse_failure(ref.float(), ref) is None  # float32 rounding alone passes
+    lost = ref.clone()
+    lost[2] = torch.logsumexp(scores[2, 1:], dim=-1)  # one key of 3000 left out of row 2's sum
+    assert "1 of 4 outside" in check.lse_failure(lost.float(), ref)
+    never = ref.float().clone()
+    never[1] = float("nan")
+    assert "NaN" in check.lse_failure(never, ref)
+    empty = ref.clone()
+    empty[0] = float("-inf")  # a row that sees no key
+    assert check.lse_failure(empty.float(), empty) is None
+    assert "infinite" in check.lse_failure(ref.float(), empty)

@@ -246,8 +246,9 @@ SMALL_PAGES = [dict(heads=32, kv_heads=8, head_dim=128, page_size=1), dict(heads
 @pytest.mark.parametrize("kw", SMALL_PAGES, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_small_page_kernels_compile_without_spills(kw):
     built = build(DecodeSpec(**kw), family="decode_sm90")
-    name = built.rendered.kernel_name
-    assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
+    for name in (built.rendered.kernel_name, built.rendered.kernel_name + "_append"):
+        assert name in built.compiled.registers, name
+        assert built.compiled.spill_stores.get(name, 0) == 0 and built.compiled.spill_loads.get(name, 0) == 0
     plan, source = built.plan, built.rendered.source
     assert f"kPageLanes = {plan.page_lanes};" in source and f"kPageRows = {kw['page_size']};" in source
     pages = plan.k_pages

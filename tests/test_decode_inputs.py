@@ -15,6 +15,11 @@ def cpu_inputs(**over):
     return args
 
 
+META = dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16, device="meta"),
+            k_cache=torch.zeros(2, 256, 2, 64, dtype=torch.bfloat16, device="meta"),
+            v_cache=torch.zeros(2, 256, 2, 64, dtype=torch.bfloat16, device="meta"))
+
+
 @pytest.mark.parametrize("over, match", [
     (dict(cache_seqlens=torch.tensor([3, 4], dtype=torch.int64)), "int32"),
     (dict(cache_seqlens=torch.tensor([3], dtype=torch.int32)), "one length per sequence"),
@@ -25,6 +30,13 @@ def cpu_inputs(**over):
     (dict(page_table=torch.zeros(2, 4, dtype=torch.int64)), "int32"),
     (dict(page_table=torch.zeros(3, 4, dtype=torch.int32)), "a row of pages per sequence"),
     (dict(page_table=torch.zeros(2, 4, dtype=torch.int32)), "CUDA device"),
+    # On the meta device (past the shape checks, short of a GPU): the tensors q's device must hold.
+    (dict(META, page_table=torch.zeros(2, 4, dtype=torch.int32)), "page_table must be on q's device"),
+    (dict(META, page_table=torch.zeros(2, 4, dtype=torch.int32, device="meta"),
+          cache_seqlens=torch.zeros(2, dtype=torch.int32, device="meta")), "CUDA device"),
+    (dict(META, cache_seqlens=torch.tensor([3, 4], dtype=torch.int32)), "cache_seqlens must be on q's device"),
+    (dict(META, cache_seqlens=torch.zeros(2, dtype=torch.int32, device="meta"),
+          sinks=torch.zeros(8)), "sinks must be contiguous and on q's device"),
     (dict(sinks=torch.zeros(7)), "sinks"),
     (dict(num_splits=-1), "num_splits"),
     (dict(ctas_per_sm=3), "ctas_per_sm"),

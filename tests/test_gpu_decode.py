@@ -41,6 +41,9 @@ def run_and_check(q, k, v, lengths, *, causal=True, window=None, softcap=0.0, si
     attended = [n + (0 if k_new is None else q.shape[1]) for n in lengths]
     options = dict(causal=causal, window=window, softcap=softcap, sinks=sinks)
     assert_matches_float64(o, lse, q, k, v, attended, options)
+    # lse comes from the call's own allocation (the API takes no lse out=): poison it before it is freed, so a
+    # next call handed the same block by the caching allocator fails where its kernel writes no lse.
+    lse.fill_(float("nan"))
     return o
 
 
@@ -52,9 +55,8 @@ def assert_matches_float64(o, lse, q, k, v, attended, options):
     assert not torch.isnan(o).any(), check.worst_element(o.double(), ref)
     failure = check.accuracy_failure(o, ref, yardstick, floor=TINY)
     assert failure is None, failure
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen), "lse is finite exactly where a row sees a key or a sink"
-    assert (lse.double()[seen] - ref_lse[seen]).abs().max().item() < 2e-3
+    failure = check.lse_failure(lse, ref_lse)
+    assert failure is None, failure
 
 
 CASES = [
@@ -113,17 +115,17 @@ def test_swapped_and_plain_products_match_float64(batch, sq, heads, kv_heads, di
 def test_decode_masks_and_softcap(options):
     lengths = [1, 300, 640, 1000]
     k, v = make_cache(4, 1000, 4, 128, lengths, torch.bfloat16, seed=1)
-    q = torch.randn(4, 8, 16, 128, device="cuda", dtype=torch.bfloat16)
     for splits in (1, 5):
+        q = torch.randn(4, 8, 16, 128, device="cuda", dtype=torch.bfloat16)
         run_and_check(q, k, v, lengths, num_splits=splits, **options)
 
 
 def test_decode_sinks_join_the_denominator():
     lengths = [0, 50, 1000]
     k, v = make_cache(3, 1000, 8, 128, lengths, torch.bfloat16, seed=2)
-    q = torch.randn(3, 2, 32, 128, device="cuda", dtype=torch.bfloat16)
     sinks = torch.randn(32, device="cuda", dtype=torch.float32) * 2
     for splits in (1, 4):
+        q = torch.randn(3, 2, 32, 128, device="cuda", dtype=torch.bfloat16)
         o = run_and_check(q, k, v, lengths, sinks=sinks, num_splits=splits)
         assert o[0].abs().max().item() == 0.0  # no key: the sink takes all the weight
 
@@ -150,8 +152,8 @@ def test_every_split_count_up_to_the_blocks_agrees():
 
     lengths = [1000, 517]
     k, v = make_cache(2, 1000, 8, 128, lengths, torch.bfloat16, seed=4)
-    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     for splits in (1, 2, 3, 8, 16, 128):  # 128: most splits see no block at all
+        q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
         run_and_check(q, k, v, lengths, num_splits=splits)
         # 2..8 splits launch as one cluster per tile (the shared addresses there carry bits above 17).
         launchers = [c for c in decode._LAUNCHERS.values() if c.splits == splits]
@@ -169,9 +171,9 @@ def test_clustered_splits_merge_in_split_0_or_through_the_workspace(sq, heads, k
 
     lengths = [1, 700, 1000]  # at 8 splits of the first sequence only split 0 sees a key
     k, v = make_cache(3, 1000, kv_heads, dim, lengths, torch.bfloat16, seed=sq)
-    q = torch.randn(3, sq, heads, dim, device="cuda", dtype=torch.bfloat16)
     sinks = torch.randn(heads, device="cuda", dtype=torch.float32)
     for splits in (2, 3, 5, 8):
+        q = torch.randn(3, sq, heads, dim, device="cuda", dtype=torch.bfloat16)
         run_and_check(q, k, v, lengths, num_splits=splits, causal=False, sinks=sinks if splits == 3 else None,
                       ctas_per_sm=1)  # the layout the push decision above is for (two CTAs a SM: its own tests)
         launchers = [c for c in decode._LAUNCHERS.values() if c.splits == splits and c.plan.spec.q_len == sq
@@ -195,21 +197,24 @@ def test_a_call_reads_the_output_the_kernel_before_it_writes(new):
     from codegen import decode
 
     batch, capacity, lengths = 8, 8192, [8192 - 16] * 8  # 64 one-split tiles: most SMs free for the second call
-    k, v = make_cache(batch, capacity, 8, 128, [capacity] * batch, torch.bfloat16, seed=6)
+    k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=6)  # NaN from row 8176
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     kv_new = [torch.randn(batch, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)] if new else [None] * 2
     attended = [n + 1 for n in lengths] if new else lengths  # the second call sees the first's appended token
     seqlens_after = torch.tensor(attended, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    first, second = torch.empty_like(q), torch.empty_like(q)
+    first, second = torch.empty(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16), None
     for _ in range(3):
+        q = torch.randn_like(first)
         first.fill_(float("nan"))
+        second = torch.full_like(first, float("nan"))
         _, lse_first = attention_with_kvcache(q, k, v, seqlens, k_new=kv_new[0], v_new=kv_new[1], causal=False,
                                               num_splits=1, out=first, return_lse=True)
         o, lse = attention_with_kvcache(first, k, v, seqlens_after, causal=False, num_splits=1, out=second,
                                         return_lse=True)
         assert all(c.overlap for c in decode._LAUNCHERS.values() if c.batch == batch and c.splits == 1)
         torch.cuda.synchronize()
+        if new:
+            assert torch.equal(k[:, lengths[0]], kv_new[0][:, 0]) and torch.equal(v[:, lengths[0]], kv_new[1][:, 0])
         assert_matches_float64(first, lse_first, q, k, v, attended, dict(causal=False))
         assert_matches_float64(o, lse, first, k, v, attended, dict(causal=False))
 
@@ -267,7 +272,9 @@ def test_paged_append_writes_its_pages_only(page):
     v_new = torch.randn_like(k_new)
     before_k, before_v = pk.clone(), pv.clone()
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    o = attention_with_kvcache(q, pk, pv, seqlens, k_new=k_new, v_new=v_new, page_table=table, check=True)
+    out = torch.full_like(q, float("nan"))
+    o = attention_with_kvcache(q, pk, pv, seqlens, k_new=k_new, v_new=v_new, page_table=table, check=True, out=out)
+    assert not torch.isnan(o).any()
     for b, n in enumerate(lengths):  # the expected caches, dense
         k[b, n:n + 5], v[b, n:n + 5] = k_new[b], v_new[b]
     assert torch.equal(from_pages(pk, table).view(torch.int16), k.view(torch.int16))
@@ -323,6 +330,7 @@ def run_paged_and_check(q, k, v, lengths, page, *, num_splits=0, block_n=0, seed
                                     out=out, return_lse=True, check=True, gather=gather, ctas_per_sm=ctas_per_sm,
                                     head_pack=head_pack, **options)
     assert_matches_float64(o, lse, q, k, v, lengths, options)
+    lse.fill_(float("nan"))  # as run_and_check: the freed block poisoned for the next call
 
 
 @pytest.mark.parametrize("page, sq, heads, kv_heads, dim, dtype, block_n", SMALL_PAGES)
@@ -400,6 +408,7 @@ TWO_CTAS = [(1, 32, 8, 128, torch.bfloat16, 0), (2, 16, 4, 96, torch.float16, 0)
 def test_two_ctas_per_sm_match_float64(sq, heads, kv_heads, dim, dtype, page, num_splits):
     from codegen import decode
 
+    decode._LAUNCHERS.clear()  # the assertion below is about this call's launcher
     lengths = [1000, 0, 1, 64, 65, 999, 129]
     k, v = make_cache(len(lengths), 1000, kv_heads, dim, lengths, dtype, seed=11)
     q = torch.randn(len(lengths), sq, heads, dim, device="cuda", dtype=dtype)
@@ -407,7 +416,8 @@ def test_two_ctas_per_sm_match_float64(sq, heads, kv_heads, dim, dtype, page, nu
         run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, gather=None, ctas_per_sm=2)
     else:
         run_and_check(q, k, v, lengths, num_splits=num_splits, ctas_per_sm=2)
-    assert any(c.plan.spec.ctas_per_sm == 2 and c.plan.key_groups == 1 for c in decode._LAUNCHERS.values())
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.spec.ctas_per_sm == 2 and launcher.plan.key_groups == 1
 
 
 def test_a_batch_that_fills_the_sms_runs_two_ctas_per_sm():
@@ -524,7 +534,8 @@ def test_two_heads_a_tile_attend_their_appended_tokens():
     for b, n in enumerate(lengths):
         assert torch.equal(k[b, n:n + 2], k_new[b]) and torch.equal(v[b, n:n + 2], v_new[b])
         k[b, n:n + 2], v[b, n:n + 2] = before_k[b, n:n + 2], before_v[b, n:n + 2]
-    assert torch.equal(k.nan_to_num(), before_k.nan_to_num()) and torch.equal(v.nan_to_num(), before_v.nan_to_num())
+    assert torch.equal(k.view(torch.int16), before_k.view(torch.int16))  # bitwise: NaN rows included
+    assert torch.equal(v.view(torch.int16), before_v.view(torch.int16))
 
 
 def test_a_batch_of_d64_tiles_that_fills_the_sms_takes_two_heads_a_tile():
@@ -577,27 +588,29 @@ def test_split_tiles_under_a_wave_take_one_consumer_a_cta():
 # A decode step as inference engines run it: captured once in a CUDA graph and replayed as the lengths advance, or
 # compiled whole by torch.compile (the custom ops; tests/test_decode_compile.py checks the tracing on the CPU).
 
-def decode_steps(step, q, k, v, k_rows, seqlens, outputs, steps, new, pages=None):
+def decode_steps(step, q, caches, seqlens, outputs, steps, new):
     """Run `step()` `steps` times, advancing the device lengths by `new` after each; each step's (o, lse) =
-    outputs() against float64 over the caches as they are then (read back through the page table where paged), its
-    new rows checked in place and every other row of k_rows() (the K cache as a dense view) bitwise unchanged."""
+    outputs() against float64 over the caches as they are then (caches(): K and V as dense tensors, read back
+    through the page table where paged), its new rows checked in place and every other row bitwise unchanged.
+    A graph's outputs stay at their addresses and are poisoned before each replay; a compiled step allocates
+    its own, so there a fresh q each step is what tells a stale output from a written one."""
     for _ in range(steps):
-        before = k_rows().clone()
+        before = [c.clone() for c in caches()]
         q.copy_(torch.randn_like(q))
-        k_new, v_new = step.refill()
-        for t in outputs() or ():  # a graph's outputs stay at their addresses: poisoned before each replay
+        fresh = step.refill()
+        for t in outputs() or ():
             t.fill_(float("nan"))
         step()
         torch.cuda.synchronize()
-        k_now, v_now = (from_pages(c, pages) if pages is not None else c for c in (k, v))
+        now = caches()
         n = seqlens.tolist()
-        for b in range(q.shape[0]):
-            assert torch.equal(k_now[b, n[b]:n[b] + new], k_new[b])
-            assert torch.equal(v_now[b, n[b]:n[b] + new], v_new[b])
-            before[b, n[b]:n[b] + new] = k_new[b]
-        assert torch.equal(k_rows().view(torch.int16), before.view(torch.int16)), "only the new rows change"
+        for cache, old, rows in zip(now, before, fresh):
+            for b in range(q.shape[0]):
+                assert torch.equal(cache[b, n[b]:n[b] + new], rows[b])
+                old[b, n[b]:n[b] + new] = rows[b]
+            assert torch.equal(cache.view(torch.int16), old.view(torch.int16)), "only the new rows change"
         o, lse = outputs()
-        assert_matches_float64(o, lse, q, k_now, v_now, [x + new for x in n], dict(causal=True))
+        assert_matches_float64(o, lse, q, now[0], now[1], [x + new for x in n], dict(causal=True))
         seqlens += new
 
 
@@ -620,11 +633,19 @@ class Step:
                                           return_lse=True, **self.options)
 
 
-@pytest.mark.parametrize("batch, new, page, num_splits", [(1, 1, 0, 0), (3, 2, 0, 3), (2, 1, 16, 0), (2, 4, 4, 0)])
-def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(batch, new, page, num_splits):
-    """Batch 1 takes clustered splits (the push merge), 3 plain splits (the workspace), pages by TMA (16) and gathered
-    (4); each replay appends in place at the lengths the device holds then, and attends."""
-    capacity = 512
+@pytest.mark.parametrize("batch, new, page, num_splits, capacity", [
+    (1, 1, 0, 0, 512),     # clustered splits (2 here): the push merge
+    (3, 2, 0, 3, 512),     # 3 clustered splits
+    (2, 1, 0, 16, 4096),   # 16 plain splits: the workspace, the last split's counter (the capture's own)
+    (2, 1, 16, 0, 512),    # pages by TMA
+    (2, 4, 4, 0, 512),     # pages gathered
+])
+def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(batch, new, page, num_splits, capacity):
+    """Each replay appends in place at the lengths the device holds then, and attends; the graph replays on another
+    stream than the one it was captured on."""
+    from codegen import decode
+
+    decode._LAUNCHERS.clear()
     lengths = [100, 300, 7][:batch]
     k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=11)  # NaN past the lengths
     pages = None
@@ -643,15 +664,19 @@ def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(b
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         step.call()
-    replay = graph.replay
-    k_rows = (lambda: from_pages(k, pages)) if page else (lambda: k)
+    (launcher,) = decode._LAUNCHERS.values()
+    if num_splits == 16:
+        assert launcher.cluster is None and launcher.splits == 16
+    if batch == 1:
+        assert launcher.cluster == (launcher.splits, 1, 1) and launcher.plan.push_merge
+    caches = (lambda: (from_pages(k, pages), from_pages(v, pages))) if page else (lambda: (k, v))
 
     class Replay:
         refill = staticmethod(step.refill)
 
         def __call__(self):
-            replay()
-    decode_steps(Replay(), q, k, v, k_rows, seqlens, lambda: step.out, steps=3, new=new, pages=pages)
+            graph.replay()
+    decode_steps(Replay(), q, caches, seqlens, lambda: step.out, steps=3, new=new)
 
 
 def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
@@ -669,4 +694,4 @@ def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
 
         def __call__(self):
             step.out = compiled(q, k, v, seqlens, step.k_new, step.v_new)
-    decode_steps(Compiled(), q, k, v, lambda: k, seqlens, lambda: step.out, steps=2, new=new)
+    decode_steps(Compiled(), q, lambda: (k, v), seqlens, lambda: step.out, steps=2, new=new)
