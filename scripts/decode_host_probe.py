@@ -61,10 +61,26 @@ for B, S in ((1, 2048), (1, 8192), (1, 32768), (8, 2048)):
     def cud():
         s = sets[i[0] & 1]; i[0] += 1
         return sdpa(s[0].transpose(1, 2), s[1].transpose(1, 2), s[2].transpose(1, 2), enable_gqa=True)
+    def captured():
+        """One call captured in a CUDA graph (the first input set), replayed: what an engine's decode step costs."""
+        s = sets[0]
+        fn(s[0], s[1], s[2], s[3], causal=False)  # compiled and loaded outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(s[0], s[1], s[2], s[3], causal=False)
+        return graph.replay
+
+    def compiled():
+        """The call under torch.compile (the custom op, codegen.torch_op), on the first input set."""
+        step = torch.compile(lambda q, k, v, n: fn(q, k, v, n, causal=False), fullgraph=True)
+        return lambda: step(*sets[0][:4])
+
     print(f"== B={B} S={S}")
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
         variants = {"default": mk(), "out=": mko(), "pdl=0": mk(pdl=False), "s16": mk(num_splits=16),
-                    "s16 pdl=0": mk(num_splits=16, pdl=False), "s1": mk(num_splits=1), "cudnn": cud}
+                    "s16 pdl=0": mk(num_splits=16, pdl=False), "s1": mk(num_splits=1), "graph": captured(),
+                    "compiled": compiled(), "cudnn": cud}
         for name, f in variants.items():
             h = host_loop(f)
             g_sleep = gpu_loop(f, sleep=True)
