@@ -251,6 +251,9 @@ class DecodeLauncher:
                                             self.overlap)
         self._strides_set = False
         self._workspace: dict[int, tuple] = {}  # stream -> (addresses, the tensors at them)
+        # Splits merge through the workspace (partial rows, and the last split's counter where not a cluster) unless
+        # they push their rows into split 0's shared memory (a cluster launch of a push-merge plan): empty ones then.
+        self._uses_workspace = splits > 1 and not (plan.push_merge and self.cluster is not None)
         self._lock = threading.Lock()
         # What a call writes, in the order __call__ lists the values; written only where they changed since the
         # launcher's last call (a decode loop hands the same addresses back), as are o's strides.
@@ -267,16 +270,16 @@ class DecodeLauncher:
     def _workspace_for(self, stream: int, device) -> tuple[int, int, int]:
         """The addresses of (ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every
         launch, so launches in order on one stream share them; another stream gets its own (kept alive here). A
-        split launch captured into a CUDA graph gets its own (its counter zeroed by a captured memset before every
+        launch that uses them, captured into a CUDA graph, gets its own (its counter zeroed by a captured memset before every
         replay), since a graph may replay on any stream, beside eager calls and other graphs."""
         import torch
 
-        captured = self.splits > 1 and torch.cuda.is_current_stream_capturing()
+        split = self._uses_workspace
+        captured = split and torch.cuda.is_current_stream_capturing()
         ws = None if captured else self._workspace.get(stream)
         if ws is None:
             tiles = self.batch * self.grid[1]
             rows = tiles * max(self.splits, 1) * self.plan.block_m
-            split = self.splits > 1
             tensors = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
                        torch.empty(rows if split else 0, dtype=torch.float32, device=device),
                        torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
