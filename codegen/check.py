@@ -348,8 +348,10 @@ def lse_failure(lse, ref) -> str | None:
     lse = lse.double()
     if torch.isnan(lse).any():
         return f"{int(torch.isnan(lse).sum())} logsumexp rows hold NaN (never written?)"
-    if not torch.equal(torch.isinf(lse), torch.isinf(ref)):
-        return "lse is infinite where the reference is not, or finite where it is infinite"
+    if lse.shape != ref.shape:
+        return f"lse has shape {tuple(lse.shape)}, the reference {tuple(ref.shape)}"
+    if torch.isposinf(lse).any() or not torch.equal(torch.isneginf(lse), torch.isneginf(ref)):
+        return "lse is -inf where the reference is not, or not where it is (or +inf anywhere)"
     finite = torch.isfinite(ref)
     if not bool(finite.any()):
         return None

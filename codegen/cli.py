@@ -266,11 +266,8 @@ def _decode_spec_from(args, capacity: int, heads: int, dim: int, window: tuple[i
         raise SpecError(f"--decode expects the number of new tokens per sequence (>= 1), got {args.decode}")
     if capacity < 1:
         raise SpecError(f"--shape S_MAX,H,D: a cache of at least one row, got S_MAX {capacity}")
-    if args.decode > capacity:
-        raise SpecError(f"--decode {args.decode}: that many new tokens do not fit a cache of {capacity} rows (S_MAX "
-                        "in --shape)")
     for flag, given in (("--split", args.split), ("--seq-k", args.seq_k), ("--varlen", args.varlen),
-                        ("--multicast", args.multicast is not None)):
+                        ("--multicast", args.multicast is not None), ("--deterministic", args.deterministic)):
         if given:
             raise SpecError(f"{flag} does not apply to the decode kernel (--decode)")
     if args.sinks:
@@ -414,7 +411,7 @@ def generate_main(argv: list[str]) -> int:
 
 def _decode_run_capacity(args) -> int:
     """S_MAX of --shape, the caches' rows for `--decode ... --run` (a run-time value of the kernel)."""
-    return int(args.shape.split(",")[0])  # at least one row and the new tokens: _decode_spec_from checked
+    return int(args.shape.split(",")[0])  # at least one row: _decode_spec_from checked
 
 
 def _one_line(e: BaseException) -> str:

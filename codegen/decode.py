@@ -29,7 +29,6 @@ MAX_GRID_YZ = 65535
 MAPS_PER_CACHE = 256
 MAX_LAUNCHERS = 256
 _LAUNCHERS: dict = {}
-_CAPTURED_WORKSPACES: list = []  # split launches captured into CUDA graphs: each its own workspace (_workspace_for)
 # A split should stream at least this many key blocks: below it the merge's reads outweigh what the split saves.
 MIN_BLOCKS_PER_SPLIT = 2
 SPLIT_MIN_BLOCKS = 32  # ... and this many where most SMs already have a tile
@@ -96,6 +95,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     _require_torch("codegen.attention_with_kvcache()")
     import torch
 
+    # Types first (1.0 == 1 == True would find a launcher made for an int): what follows compares values only.
+    if not type(num_splits) is type(block_n) is type(stages) is type(ctas_per_sm) is type(head_pack) is int or (
+            window is not None and not _is_int_pair(window)):
+        _refuse_option_types(num_splits=num_splits, block_n=block_n, stages=stages, ctas_per_sm=ctas_per_sm,
+                             head_pack=head_pack, window=window)
     if torch.compiler.is_compiling():  # torch.compile traces the custom ops (codegen.torch_op), not this body
         from .torch_op import compiled_attention_with_kvcache
 
@@ -138,6 +142,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     launcher(_current_stream(q.device), q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table)
     return (o, lse) if return_lse else o
+
+
+def _is_int_pair(window) -> bool:
+    return isinstance(window, (tuple, list)) and len(window) == 2 and type(window[0]) is type(window[1]) is int
+
+
+def _refuse_option_types(window, **ints) -> None:
+    for name, value in ints.items():
+        if type(value) is not int:
+            raise InputError(f"{name} must be an int (0: chosen for the shape), got {value!r}")
+    raise InputError(f"window must be (left, right), two ints (-1: unbounded), got {window!r}")
 
 
 def _facts(t):
@@ -267,11 +282,12 @@ class DecodeLauncher:
                 "split_counter")
     GATHER_PER_CALL = ("k_cache_gmem", "v_cache_gmem")  # a gathering kernel reads the caches by address
 
-    def _workspace_for(self, stream: int, device) -> tuple[int, int, int]:
-        """The addresses of (ws_o, ws_lse, split_counter) for launches on `stream`: the counter is left zero by every
-        launch, so launches in order on one stream share them; another stream gets its own (kept alive here). A
-        launch that uses them, captured into a CUDA graph, gets its own (its counter zeroed by a captured memset before every
-        replay), since a graph may replay on any stream, beside eager calls and other graphs."""
+    def _workspace_for(self, stream: int, device) -> tuple[tuple[int, int, int], tuple]:
+        """((ws_o, ws_lse, split_counter) addresses, the tensors there) for a launch on `stream`, under the lock.
+        Eager launches on a stream share one (the counter is left zero by every launch, and they run in order);
+        another stream gets its own, kept here. A launch captured into a CUDA graph gets a fresh one from the
+        capture's memory pool (its counter zeroed by a captured memset before every replay): the graph owns it,
+        freed with it, and a graph may replay on any stream beside eager calls and other graphs."""
         import torch
 
         split = self._uses_workspace
@@ -284,19 +300,19 @@ class DecodeLauncher:
                        torch.empty(rows if split else 0, dtype=torch.float32, device=device),
                        torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
             ws = (tuple(t.data_ptr() for t in tensors), tensors)
-            if captured:
-                _CAPTURED_WORKSPACES.append(tensors)  # alive as long as a graph may replay the launch
-            else:
+            if not captured:
                 self._workspace[stream] = ws
-        return ws[0]
+        return ws
 
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:
         pages = 0 if page_table is None else page_table.data_ptr()
-        values = (q.data_ptr(), o.data_ptr(), 0 if lse is None else lse.data_ptr(), cache_seqlens.data_ptr(), pages,
-                  0 if sinks is None else sinks.data_ptr()) + self._workspace_for(stream, q.device) + (
-                  (k_cache.data_ptr(), v_cache.data_ptr()) if self._gathered else ())
         o_strides = (o.stride(0), o.stride(1), o.stride(2))  # `out` may be any 16-byte strides
         with self._lock:
+            # `workspace` holds a captured launch's tensors until the launch is in the graph
+            addresses, workspace = self._workspace_for(stream, q.device)
+            values = (q.data_ptr(), o.data_ptr(), 0 if lse is None else lse.data_ptr(), cache_seqlens.data_ptr(),
+                      pages, 0 if sinks is None else sinks.data_ptr()) + addresses + (
+                      (k_cache.data_ptr(), v_cache.data_ptr()) if self._gathered else ())
             for op, address in self._map_slots:
                 encoded = self._maps[op].get(k_cache.data_ptr() if op == "k" else v_cache.data_ptr())
                 if self._loaded[op] is not encoded:
@@ -319,6 +335,7 @@ class DecodeLauncher:
                 a["cache_seqlens"].value, a["page_table"].value = values[3], pages
                 self._append_launch(stream, self._append_args)
             self._launch(stream, self._args)
+            del workspace  # launched (or captured): a captured one is the graph's from here
 
     def _set_strides(self, q, k_cache, v_cache, k_new, v_new, page_table) -> None:
         """The byte strides of the call's tensors (o's aside), fixed for every call this launcher serves."""

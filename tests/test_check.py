@@ -296,4 +296,7 @@ def test_lse_failure_catches_a_row_that_lost_one_key_of_thousands():
     empty = ref.clone()
     empty[0] = float("-inf")  # a row that sees no key
     assert check.lse_failure(empty.float(), empty) is None
-    assert "infinite" in check.lse_failure(ref.float(), empty)
+    assert "-inf" in check.lse_failure(ref.float(), empty)
+    flipped = empty.float().clone()
+    flipped[0] = float("inf")  # the right rows infinite, with the wrong sign
+    assert "+inf" in check.lse_failure(flipped, empty)

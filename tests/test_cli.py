@@ -50,7 +50,7 @@ def run_cli(args, env=None, cwd=None, timeout=300, preexec_fn=None):
     (["--shape", "1024,16,128", "--seq-k", "0"], "--seq-k must be at least 1, got 0"),
     (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "0"], "new tokens per sequence (>= 1), got 0"),
     (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "1", "--backward"], "different kernels"),
-    (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "1025"], "do not fit a cache of 1024 rows"),
+    (["--shape", "1024,16,128", "--kv-heads", "4", "--decode", "1", "--deterministic"], "--deterministic does not"),
     (["--shape", "0,16,128", "--kv-heads", "4", "--decode", "1"], "at least one row, got S_MAX 0"),
     (["--shape", "256,2,64", "--run", "--batch", "0"], "--batch must be at least 1, got 0"),
     (["--shape", "256,2,64", "--kv-heads", "2", "--decode", "1", "--run", "--batch", "0"], "--batch must be at least 1"),

@@ -43,6 +43,10 @@ META = dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16, device="meta"),
     (dict(ctas_per_sm=2.0), "ctas_per_sm"),
     (dict(head_pack=3), "head_pack"),
     (dict(head_pack=True), "head_pack"),
+    (dict(num_splits=2.0), "num_splits must be an int"),
+    (dict(block_n=True), "block_n must be an int"),
+    (dict(window=(3.7, -1)), "window must be"),
+    (dict(window=(4, 0, 1)), "window must be"),
     ({}, "CUDA device"),
 ])
 def test_bad_calls_are_refused_before_any_launch(over, match):
@@ -114,6 +118,9 @@ def test_a_call_that_differs_from_a_cached_one_in_anything_checked_makes_its_own
     decode.attention_with_kvcache(base["q"], base["k_cache"], base["v_cache"], base["cache_seqlens"],
                                   k_new=base["k_new"], v_new=base["v_new"], sinks=base["sinks"])
     assert len(made) == len(variants), "the same call finds its launcher"
+    with pytest.raises(InputError, match="must be an int"):  # equal to the cached call's 0, of another type
+        decode.attention_with_kvcache(base["q"], base["k_cache"], base["v_cache"], base["cache_seqlens"],
+                                      k_new=base["k_new"], v_new=base["v_new"], sinks=base["sinks"], num_splits=0.0)
     with pytest.raises(InputError, match="no backward pass"):  # decode has none: a sink needing a gradient is refused
         decode.attention_with_kvcache(base["q"], base["k_cache"], base["v_cache"], base["cache_seqlens"],
                                       sinks=torch.zeros(8, requires_grad=True))

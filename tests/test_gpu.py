@@ -41,6 +41,8 @@ def assert_close_to_reference(q, k, v, o, lse, *, causal=False, layout="bshd", s
     assert failure is None, failure
     lse_err = check.rel_err(lse, ref_lse)
     assert lse_err <= LSE_TOLERANCE, f"logsumexp rel err {lse_err:.3e}"
+    failure = check.lse_failure(lse, ref_lse)  # and each row: one row off hides in a global error
+    assert failure is None, failure
 
 
 MATRIX = list(itertools.product((1, 3), (1, 100, 128, 1000, 1024, 4096), (1, 16, 64), ("f16", "bf16"),
@@ -55,10 +57,11 @@ def test_matches_float64(batch, seq, heads, dtype, split):
     assert_close_to_reference(q, k, v, o, lse)
 
 
-@pytest.mark.parametrize("seq", (1024, 2048, 4096, 5000))
+@pytest.mark.parametrize("seq", (1024, 2048, 2112, 4096, 5000))
 @pytest.mark.parametrize("dtype", ("f16", "bf16"))
 def test_default_tiles_match_float64(seq, dtype):
-    # No split given: the plan's own tile (block_n 176 at D=128 from 1024 keys; all but 2048 end in a part block).
+    # No split given: the plan's own tile (block_n 176 at D=128 from 1024 keys): 2112 = 12 x 176 keys end in a whole
+    # block, the others in a part block.
     q, k, v = (torch.randn(2, seq, 4, 128, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     o, lse = run_checked(q, k, v)
     assert_close_to_reference(q, k, v, o, lse)
@@ -188,6 +191,8 @@ def run_coverage(batch, seq_q, seq_k, heads, kv_heads, head_dim, dtype="bf16", c
     assert (call.o.transpose(1, 2)[empty] == 0).all(), "a fully masked row is not 0"
     if (~empty).any():
         assert check.rel_err(call.lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
+    failure = check.lse_failure(call.lse, ref_lse)
+    assert failure is None, failure
     return empty
 
 
@@ -269,6 +274,8 @@ def assert_varlen_matches(q, k, v, cu_q, cu_k, o, lse, **options):
     assert (o.transpose(0, 1)[empty] == 0).all(), "a fully masked row is not 0"
     if (~empty).any():
         assert check.rel_err(lse[~empty], ref_lse[~empty]) <= LSE_TOLERANCE
+    failure = check.lse_failure(lse, ref_lse)
+    assert failure is None, failure
 
 
 # Lengths around the 128-row query tile and the key block, a sequence shorter than one tile's consumer half,
@@ -316,12 +323,15 @@ PERSISTENT = {"persistent": True}
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("head_dim", (64, 128))
 def test_persistent(seq, causal, head_dim):
-    # 3 x 16 heads x up to 32 tiles: most CTAs run several tiles, and ring positions carry across them.
-    run_coverage(3, seq, seq, 16, 16, head_dim, causal=causal, tuning=PERSISTENT)
+    # 3 batches x 16 heads x up to 32 tiles (x 128 heads of one tile at 100): more tiles than 2 x 132 SMs, so most
+    # CTAs run several tiles, and ring positions carry across them.
+    heads = 128 if seq == 100 else 16
+    run_coverage(3, seq, seq, heads, heads, head_dim, causal=causal, tuning=PERSISTENT)
 
 
 @pytest.mark.parametrize("tile_overlap", (True, False))
-@pytest.mark.parametrize("seq, heads, kv_heads, softcap", [(4096, 16, 16, 0.0), (1000, 16, 4, 20.0), (100, 8, 8, 0.0)])
+@pytest.mark.parametrize("seq, heads, kv_heads, softcap", [(4096, 16, 16, 0.0), (1000, 16, 4, 20.0),
+                                                            (100, 128, 128, 0.0)])
 def test_persistent_tile_boundaries(tile_overlap, seq, heads, kv_heads, softcap):
     # Each tile's O is stored under the next tile's first QK (tile_overlap, the default for fixed lengths without
     # a window) or before it (the boundary kept to A/B against); 3 batches put several tiles on most CTAs.
@@ -387,25 +397,29 @@ def test_persistent_multicast(batch, seq_q, seq_k, heads, kv_heads, head_dim, ov
 def test_persistent_pairs_fill_the_resident_clusters():
     from codegen import driver
 
-    q = torch.randn(2, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)
-    call = prepare(q, q, q, multicast=True, persistent=True)
+    q, k, v = (torch.randn(2, 4096, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    call = prepare(q, k, v, multicast=True, persistent=True)
     assert call.spec.multicast and call.spec.persistent and call.tile_counter is None
     clusters = driver.resident_clusters(call.kernel, call.built.plan.threads, 2)
     assert 1 <= clusters <= torch.cuda.get_device_properties(0).multi_processor_count // 2
     assert call.grid == (2 * clusters, 1, 1)
-    ref_o, _ = check.reference(q, q, q)
-    same_dtype = check.same_dtype_output(q, q, q)
+    ref_o, ref_lse = check.reference(q, k, v)
+    same_dtype = check.same_dtype_output(q, k, v)
     for _ in range(3):  # no state carried between launches (the fixed stride needs no counter)
         call.o.fill_(float("nan"))
+        call.lse.fill_(float("nan"))
         call()
         torch.cuda.synchronize()
-        failure = check.accuracy_failure(call.o, ref_o, same_dtype, floor=0.0)
+        failure = check.accuracy_failure(call.o, ref_o, same_dtype, floor=0.0) or check.lse_failure(call.lse, ref_lse)
         assert failure is None, failure
     for causal in (False, True):  # attention()'s cached launcher, persistent pairs and one tile per CTA
         knobs = dict(multicast=True, persistent=None if causal else True)
-        expected = prepare(q, q, q, causal=causal, **knobs)
+        expected = prepare(q, k, v, causal=causal, **knobs)
+        expected.o.fill_(float("nan"))
+        expected.lse.fill_(float("nan"))
         expected()
-        assert torch.equal(attention(q, q, q, causal=causal, **knobs), expected.o)
+        assert_close_to_reference(q, k, v, expected.o, expected.lse, causal=causal)
+        assert torch.equal(attention(q, k, v, causal=causal, **knobs), expected.o)
 
 
 def test_multicast_launches_clusters_of_two():

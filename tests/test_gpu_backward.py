@@ -3,8 +3,8 @@ autograd (attention() on inputs that require grad, then o.backward(do)) and thro
 codegen.backward.attention_backward on a saved o and lse.
 
 Rules (DESIGN.md section 6, FlashAttention's for gradients): fresh random inputs every run; the memory the gradients
-will be given filled with NaN first (neither path takes preallocated gradients, so poison_free_memory baits the
-caching allocator) and every element checked; each of dq, dk, dv at most 2x the error of PyTorch's autograd through
+are NaN until written (neither path takes preallocated gradients, so gradients_poisoned makes torch.empty_like, which
+the backward allocates them with, fill them with NaN) and every element checked; each of dq, dk, dv at most 2x the error of PyTorch's autograd through
 the same attention in the inputs' dtype (check.same_dtype_backward) against float64 check.reference_backward, over
 the whole tensor and on its worst row (check.gradient_failure). A row that sees no key must have dq exactly 0, a key
 that no query sees dk = dv = 0; deterministic=True must give the same bits every run.
@@ -12,6 +12,7 @@ that no query sees dk = dv = 0; deterministic=True must give the same bits every
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -56,12 +57,25 @@ def packed(lengths, heads, dim, dtype):
     return torch.randn(sum(lengths), heads, dim, device="cuda", dtype=DTYPES[dtype]), offsets
 
 
-def poison_free_memory(*like):
-    """Fill with NaN the blocks the caching allocator will hand the gradients: tensors of their sizes and dtype filled
-    and freed, so that an element the kernels never write reads NaN, not a stale value or a zero. (The fp32 dQ
-    accumulator is zeroed by the backward's first kernel by design, so poisoning it would prove nothing.)"""
-    bait = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in like]
-    del bait
+@contextlib.contextmanager
+def gradients_poisoned():
+    """While open, torch.empty_like returns floating tensors filled with NaN: the backward allocates dq, dk and dv so
+    (codegen/backward.py), so an element its kernels never write reads NaN, not a stale value or a zero. (Baiting the
+    caching allocator with freed NaN blocks is not enough: the backward's fp32 work buffers are allocated first.)"""
+    real = torch.empty_like
+
+    def nan_like(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point():
+            with torch.no_grad():
+                t.fill_(float("nan"))
+        return t
+
+    torch.empty_like = nan_like
+    try:
+        yield
+    finally:
+        torch.empty_like = real
 
 
 def grads_by_autograd(q, k, v, do, **options):
@@ -69,8 +83,8 @@ def grads_by_autograd(q, k, v, do, **options):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     o = attention(*leaves, **options)
     assert o.requires_grad and o.grad_fn is not None, "attention() did not attach o to autograd"
-    poison_free_memory(q, k, v)
-    o.backward(do)
+    with gradients_poisoned():
+        o.backward(do)
     grads = tuple(t.grad for t in leaves)
     for name, g, like in zip(("dq", "dk", "dv"), grads, (q, k, v)):
         assert g is not None, f"{name} is None"
@@ -133,11 +147,19 @@ def bits(t):
     return t.view(torch.int16)
 
 
-def test_poisoned_memory_is_what_the_next_allocations_get():
-    # The premise of poison_free_memory: freed blocks of a size go to the next allocation of that size.
-    like = torch.empty(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
-    poison_free_memory(like)
-    assert torch.isnan(torch.empty_like(like)).all()
+def test_the_gradients_are_poisoned_before_the_kernels_write_them(monkeypatch):
+    """The premise of gradients_poisoned: with the backward's launches skipped, every gradient element is NaN."""
+    from codegen import launcher
+    from codegen.backward import attention_backward
+
+    q, k, v, do = make_inputs(1, 300, 300, 4, 4, 128)
+    with torch.no_grad():
+        o, lse = attention(q, k, v, return_lse=True)
+    monkeypatch.setattr(launcher, "launch_now", lambda *args: None)
+    with gradients_poisoned():
+        grads = attention_backward(q, k, v, o, lse, do)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert torch.isnan(g).all(), f"{name} holds values no kernel wrote"
 
 
 # --- the forward tests' shapes (D=128): S = 1, below one tile, ragged, batch > 1, 1 to 64 heads ----------------
@@ -257,8 +279,8 @@ def test_strided_views_of_a_packed_qkv():
     qkv = torch.randn(2, 500, 3, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     q, k, v = qkv.unbind(2)  # strides (500*3*4*128, 3*4*128, 128, 1): no copies
     do = torch.randn(2, 500, 4, 128, device="cuda", dtype=torch.bfloat16)
-    poison_free_memory(qkv)
-    attention(q, k, v, causal=True).backward(do)
+    with gradients_poisoned():
+        attention(q, k, v, causal=True).backward(do)
     assert_gradients(q.detach(), k.detach(), v.detach(), do, qkv.grad.unbind(2), causal=True)
 
 
@@ -322,8 +344,8 @@ def test_varlen_with_max_lengths_trains_without_a_synchronization():
     torch.cuda.set_sync_debug_mode("error")
     try:
         o = attention(*leaves, **given)
-        poison_free_memory(q, k, v)  # the gradients' blocks, after o took its own
-        o.backward(do)
+        with gradients_poisoned():
+            o.backward(do)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert_output(q, k, v, o.detach(), varlen=(cu_q, cu_k), causal=True)
@@ -372,8 +394,8 @@ def test_deterministic_attention_backward_gives_the_same_bits():
     first = attention_backward(q, k, v, o, lse, do, causal=True, deterministic=True)
     assert_gradients(q, k, v, do, first, causal=True)
     for run in range(1, RUNS):
-        poison_free_memory(q, k, v)
-        grads = attention_backward(q, k, v, o, lse, do, causal=True, deterministic=True)
+        with gradients_poisoned():
+            grads = attention_backward(q, k, v, o, lse, do, causal=True, deterministic=True)
         for name, g, f in zip(("dq", "dk", "dv"), grads, first):
             assert torch.equal(bits(g), bits(f)), f"run {run}: {name} differs from run 0"
 
@@ -396,8 +418,8 @@ def test_autograd_matches_attention_backward(kv_heads, causal):
     with torch.no_grad():
         o, lse = attention(q, k, v, causal=causal, return_lse=True)
     assert lse.shape == (2, 8, 1000) and lse.dtype == torch.float32
-    poison_free_memory(q, k, v)
-    direct = attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
+    with gradients_poisoned():
+        direct = attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=True)
     for name, g, like in zip(("dq", "dk", "dv"), direct, (q, k, v)):
         assert g.shape == like.shape and g.dtype == like.dtype, (name, g.shape, g.dtype)
     assert_gradients(q, k, v, do, direct, causal=causal)
@@ -412,8 +434,8 @@ def test_attention_backward_takes_every_option():
     q, k, v, do = make_inputs(2, 600, 800, 8, 2, 128, "f16", layout="bhsd")
     with torch.no_grad():
         o, lse = attention(q, k, v, return_lse=True, **options)
-    poison_free_memory(q, k, v)
-    grads = attention_backward(q, k, v, o, lse, do, **options)
+    with gradients_poisoned():
+        grads = attention_backward(q, k, v, o, lse, do, **options)
     assert_gradients(q, k, v, do, grads, **options)
 
 
@@ -429,6 +451,7 @@ def test_requires_grad_under_no_grad_runs_the_forward_only():
                                      floor=TINY)
     assert failure is None, failure
     assert check.rel_err(lse, ref_lse) <= 1e-5
+    assert check.lse_failure(lse, ref_lse) is None
     o = attention(q.detach(), k.detach(), v.detach(), causal=True)  # grad mode on, nothing requires grad
     assert not o.requires_grad and o.grad_fn is None
 
@@ -438,8 +461,8 @@ def test_gradients_flow_only_to_the_inputs_that_require_them(needs):
     q, k, v, do = make_inputs(2, 500, 500, 8, 4, 128)
     wants = {"q": (True, False, False), "kv": (False, True, True)}[needs]
     leaves = [t.detach().requires_grad_(w) for t, w in zip((q, k, v), wants)]
-    poison_free_memory(q, k, v)
-    attention(*leaves, causal=True).backward(do)
+    with gradients_poisoned():
+        attention(*leaves, causal=True).backward(do)
     refs = check.reference_backward(q, k, v, do, causal=True)
     yardsticks = check.same_dtype_backward(q, k, v, do, causal=True)
     for t, want, ref, yardstick in zip(leaves, wants, refs, yardsticks):
@@ -479,6 +502,8 @@ def test_torch_compile_trains_through_the_custom_ops():
     # deterministic=True the compiled step gives eager's bits.
     q, k, v, do = make_inputs(2, 1000, 1000, 8, 2, 128)
     eager_o, eager = grads_by_autograd(q, k, v, do, causal=True, deterministic=True)
+    assert_output(q, k, v, eager_o, causal=True)
+    assert_gradients(q, k, v, do, eager, causal=True)  # eager's bits are right, so the compiled ones are
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     step = torch.compile(lambda q, k, v: attention(q, k, v, causal=True, deterministic=True), fullgraph=True)
     o = step(*leaves)
@@ -499,6 +524,7 @@ def test_torch_compile_trains_a_varlen_batch_through_the_custom_ops():
                  deterministic=True)
     eager_o, eager = grads_by_autograd(q, k, v, do, **given)
     assert_output(q, k, v, eager_o, varlen=(cu_q, cu_k), causal=True)
+    assert_gradients(q, k, v, do, eager, varlen=(cu_q, cu_k), causal=True)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     o = torch.compile(lambda q, k, v: attention(q, k, v, **given), fullgraph=True)(*leaves)
     assert o.grad_fn is not None

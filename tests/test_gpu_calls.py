@@ -93,12 +93,15 @@ def test_every_check_still_runs_on_a_cached_call():
 
 
 def test_torch_compile_fullgraph_matches_eager():
+    """The op inside a compiled module (an op before it and one after, in float32 so that nothing rounds the
+    attention's output away) gives eager's bits, and eager's output is right against float64."""
     class Block(torch.nn.Module):
         def forward(self, q, k, v):
-            return codegen.attention(q * 1.0, k, v, causal=True) + 1.0
+            return codegen.attention(q * 1.0, k, v, causal=True).float() * 2.0
 
     q, k, v = (rand(2, 512, 8, 128) for _ in range(3))
     eager = Block()(q, k, v)
+    assert_matches(q, k, v, (eager / 2.0).to(q.dtype), causal=True)
     compiled = torch.compile(Block(), fullgraph=True)(q, k, v)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
@@ -150,32 +153,38 @@ def test_sdpa_drop_in(kv_heads, causal):
 
 
 def test_two_streams_at_once():
-    """Persistent kernels on two streams at once: each stream has its own tile counter."""
+    """Persistent kernels on two streams at once: each stream has its own tile counter. Every call has fresh
+    inputs and its output is poisoned once checked, so a later call handed the same memory cannot pass on it."""
     shape = (4, 2048, 16, 128)
     inputs = [tuple(rand(*shape) for _ in range(3)) for _ in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
     outs = [None, None]
     for _ in range(3):
-        for i, (stream, (q, k, v)) in enumerate(zip(streams, inputs)):
+        for i, (stream, qkv) in enumerate(zip(streams, inputs)):
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                outs[i] = attention(q, k, v)
+                for t in qkv:
+                    t.copy_(torch.randn_like(t))
+                outs[i] = attention(*qkv)
         torch.cuda.synchronize()
         for (q, k, v), o in zip(inputs, outs):
             assert_matches(q, k, v, o)
+            o.fill_(float("nan"))
+        torch.cuda.synchronize()
 
 
 def test_threads_at_once():
+    """Four threads, each on its own stream, five calls each on fresh inputs; every call is checked."""
     shape = (2, 1024, 8, 128)
-    inputs = [tuple(rand(*shape) for _ in range(3)) for _ in range(4)]
-    outs, errors = [None] * 4, []
+    calls, errors = [[] for _ in range(4)], []
 
     def work(i):
         try:
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
                 for _ in range(5):
-                    outs[i] = attention(*inputs[i])
+                    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                    calls[i].append((q, k, v, attention(q, k, v)))
             stream.synchronize()
         except Exception as e:  # reported below, with the thread
             errors.append((i, e))
@@ -186,7 +195,8 @@ def test_threads_at_once():
     for t in threads:
         t.join()
     assert not errors, errors
-    for (q, k, v), o in zip(inputs, outs):
+    assert [len(c) for c in calls] == [5] * 4
+    for q, k, v, o in (call for thread in calls for call in thread):
         assert_matches(q, k, v, o)
 
 
