@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from codegen.check import time_gpu, time_gpu_samples
-from .cases import Case, block_n_for
+from .cases import Case, block_n_for, kernel_spec
 from .config import BenchConfig
 from .inputs import Inputs, make_inputs
 from .peers import Peer, Unavailable, peer_names, peers_for
@@ -86,7 +86,9 @@ class _Timing:
 
     def row(self, case: Case) -> Row:
         call = self._call_fields()
-        if self.error or not self.samples:  # a call that failed in any round voids the timing
+        if self.error or not self.samples:  # a call that failed in any round voids the timing, the user call's too
+            if call:  # its rounds stopped with the kernel's: a partial median is not a measurement
+                call = dict(call, call_ms=None, call_error=call["call_error"] or "not timed: the kernel's timing failed")
             return Row(self.peer.name, case, rel_err=self.rel_err, pv_split=self.split, error=self.error or "not timed",
                        **call)
         note = None if math.isfinite(self.rel_err) else "output holds NaN or inf"
@@ -347,4 +349,20 @@ def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stde
                      f"(the cudnn yardstick runs the zero-padded ({case.batch}, {case.seq}) batch)")
         case_rows, fault = bench_case(torch, case, config, progress)
         rows += case_rows
-    return BenchResult(meta, tuple(finalize(rows)), config.mode)
+    return BenchResult(meta, tuple(finalize(rows, default_splits(config))), config.mode)
+
+
+def default_splits(config: BenchConfig) -> dict[Case, tuple[int, ...]]:
+    """Each case's PV split as attention() resolves it, the split its headline flashgen row reports; none where
+    the splits were asked for by hand (--split: the fastest of them is reported) or the spec does not resolve."""
+    if config.splits or "flashgen" not in config.peers:
+        return {}
+    from codegen.families import resolve
+
+    out = {}
+    for case in config.cases:
+        try:
+            out[case] = tuple(resolve(kernel_spec(case)).pv_split)
+        except Exception:  # noqa: BLE001 - the case's own rows say what is wrong with it
+            continue
+    return out

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import pytest
 
 from bench import gpu_run
-from bench.cases import (BenchUsageError, Case, MATRICES, VARLEN_16K, VARLEN_4K, block_n_for, parse_shape, parse_varlen,
-    ragged_lengths, varlen_case)
+from bench.cases import (BenchUsageError, Case, MATRICES, VARLEN_16K, VARLEN_4K, block_n_for, kernel_spec, parse_shape,
+    parse_varlen, ragged_lengths, varlen_case)
 from bench.cli import bench_main
 from bench.compile_timing import compile_specs, fresh_cache_dir
 from bench.config import ALL_PEERS, MATRIX_PEERS, parse_config
@@ -30,7 +30,8 @@ from bench.inputs import (Inputs, MAX_INPUT_SETS, cu_seqlens_of, input_set_count
 from bench.peers import (PEERS, Peer, Unavailable, VARLEN_PEER_IMPLS, _flash_varlen_calls, _flashgen_varlen_calls,
     _flex_calls, _flex_varlen_calls, _ragged_kwargs, _sdpa_calls, _unfused_calls, _unpadded, aten_op, gqa_kwargs,
     peer_names, peers_for, sdpa_kwargs, splits_for)
-from bench.report import (BenchResult, DEFAULT_OUT, ROOT, Row, TABLE_HEADER, case_table, finalize, geomean, git_commit,
+from bench.report import (BenchResult, DEFAULT_OUT, ROOT, Row, TABLE_HEADER, case_table, display_name, finalize, geomean,
+    git_commit,
     host_meta, load_rows, ratio_summaries, render_markdown, render_text, save_results, source_sha256, split_impl,
     summary_table, working_tree)
 from codegen import check
@@ -245,6 +246,37 @@ def test_finalize_adds_best_split_ratio_and_error_vs_ours():
     assert out["cudnn"].err_vs_ours == pytest.approx(4.0)
     assert out["flashgen"].err_vs_ours == pytest.approx(2.0)
     assert [r.impl for r in finalize(rows)][0] == "flashgen"
+
+
+def test_the_headline_is_the_split_attention_runs_even_where_another_is_faster():
+    """What users get: the default split's time (64+64 here, slower than 96+32), labeled as the default; a default
+    split that failed makes the headline an error, never the faster other split."""
+    slower_default = Row("flashgen[64+64]", SEED, ms=0.0600, rel_err=1.0e-3, pv_split=(64, 64))
+    out = finalize(_rows(extra=[slower_default]), {SEED: (64, 64)})
+    head = next(r for r in out if r.impl == "flashgen")
+    assert head.pv_split == (64, 64) and head.ms == 0.0600 and head.split_choice == "default"
+    assert head.ratio_to_cudnn == pytest.approx(0.0636 / 0.0600)
+    assert display_name(head) == "flashgen (default: 64+64)"
+    assert finalize(out) == out  # idempotent without the defaults: the row says which split it was
+    assert Row.from_json(head.to_json()) == head
+    failed = finalize(_rows(extra=[Row("flashgen[64+64]", SEED, error="SpillError: spills", pv_split=(64, 64))]),
+                      {SEED: (64, 64)})
+    head = next(r for r in failed if r.impl == "flashgen")
+    assert not head.ok and "SpillError" in head.error
+    # Splits asked for by hand (no defaults): the fastest, labeled as the best.
+    assert display_name(next(r for r in finalize(_rows()) if r.impl == "flashgen")) == "flashgen (best: 96+32)"
+
+
+def test_default_splits_are_the_resolved_specs_and_none_for_hand_picked_splits():
+    from bench.gpu_run import default_splits
+    from codegen.families import resolve
+
+    config = parse_config(["--matrix", "fa4"])
+    defaults = default_splits(config)
+    assert set(defaults) == set(config.cases)
+    for case, split in defaults.items():
+        assert split == tuple(resolve(kernel_spec(case)).pv_split)
+    assert default_splits(parse_config(["--shape", "1,1024,64,128", "--split", "64,64"])) == {}
 
 
 def test_finalize_is_idempotent():
@@ -1455,3 +1487,13 @@ def test_gpu_check_runs_as_many_test_workers_as_the_gpus_memory_holds(monkeypatc
     spec.loader.exec_module(gpu_check)
     monkeypatch.setattr(gpu_check.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=mib))
     assert gpu_check.default_workers() == workers
+
+
+def test_a_kernel_timing_that_failed_voids_its_user_calls_partial_rounds():
+    timing = gpu_run._Timing(Peer("flashgen", None), None, lambda: None, 1e-3, 20, samples=[0.1, 0.1],
+                             error="RuntimeError: CUDA error in round 3", call_samples=[0.2, 0.2], timed_call=True)
+    row = timing.row(SEED)
+    assert not row.ok and row.call_ms is None and "kernel's timing failed" in row.call_error
+    timing.error = None  # the same samples, no failure: both stand
+    row = timing.row(SEED)
+    assert row.ms == 0.1 and row.call_ms == 0.2 and row.call_error is None

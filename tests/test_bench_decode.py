@@ -227,8 +227,7 @@ def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
     launchers: dict = {}
 
     def fake_kvcache(q, k_cache, v_cache, cache_seqlens, *, causal=True, out=None, **_):
-        key = (q.shape, q.stride(), k_cache.shape)
-        launchers.setdefault(key, types.SimpleNamespace(splits=3))
+        launchers.setdefault("the case's call", types.SimpleNamespace(splits=3))
         o = check.kvcache_reference(q, k_cache, v_cache, cache_seqlens.tolist(), causal=causal, same_dtype=True)[0]
         return out.copy_(o) if out is not None else o
 

@@ -60,6 +60,42 @@ def test_each_decode_criterion_fails_on_its_own_row():
     assert done_when.decode_run(decode_rows(ratio_b8=1.3, ratio_slow=1.3)).criteria[4].held
 
 
+def test_a_row_without_a_ratio_fails_the_row_criteria_and_the_geomean():
+    """A passing run whose paged flashgen row errored (a fault, a refusal) no longer passes: the run is judged on the
+    rows the matrix asked for. A row every implementation skipped (too big for the GPU) is left out."""
+    good = decode_rows(ratio_b8=1.3, ratio_slow=1.3)
+    assert all(c.held for c in done_when.decode_run(good).criteria)
+    broken = [dict(r, ms=None, ratio_to_cudnn=None, error="CUDA error: an illegal memory access")
+              if r["impl"] == "flashgen" and r["page_size"] else r for r in good]
+    run = done_when.decode_run(broken)
+    assert [c.held for c in run.criteria] == [False, True, False, False, False]
+    assert run.criteria[2].failing == ("B=8 S_q=1 S_k=8192 H=32/8 D=128 bf16 page16 (no ratio, or its output off)",)
+    missing = [r for r in good if not (r["impl"] == "cudnn" and r["page_size"])]  # cuDNN's side never ran
+    assert not done_when.decode_run(missing).criteria[4].held
+    too_big = [dict(r, ms=None, ratio_to_cudnn=None, skipped="does not fit") if r["page_size"] else r for r in good]
+    assert all(c.held for c in done_when.decode_run(too_big).criteria)
+
+
+def test_a_fast_row_with_a_wrong_output_is_no_row():
+    rows = [dict(r, rel_err=2.3e-3 if r["impl"] == "cudnn" else 2.2e-3) for r in decode_rows(ratio_b8=1.3, ratio_slow=1.3)]
+    assert all(c.held for c in done_when.decode_run(rows).criteria)
+    rows[1] = dict(rows[1], rel_err=3e-2)  # the B=1 row's flashgen output: 13x cuDNN's error
+    run = done_when.decode_run(rows)
+    assert not run.criteria[2].held and not run.criteria[4].held
+    assert run.criteria[2].failing == ("B=1 S_q=1 S_k=8192 H=32/8 D=128 bf16 (no ratio, or its output off)",)
+
+
+def test_paged_rows_compare_by_their_ratios_in_their_own_cases():
+    # The paged case's cuDNN ran 10% slower than the dense case's (a clock move between the cases): flashgen's
+    # paged time is 8% over its dense one, yet its ratio to cuDNN is within 5% of the dense row's.
+    rows = decode_rows(ratio_b8=1.3, ratio_slow=1.3)
+    for r in rows:
+        if r["page_size"]:
+            r["ms"] = 1.1 if r["impl"] == "cudnn" else 1.08 / 1.3
+            r["ratio_to_cudnn"] = 1.0 if r["impl"] == "cudnn" else 1.1 / (1.08 / 1.3)
+    assert done_when.decode_run(rows).criteria[3].held
+
+
 def fa4_rows(ratios, gpu="NVIDIA H200"):
     rows = []
     for i, r in enumerate(ratios):
@@ -77,6 +113,10 @@ def test_an_fa4_run_compares_flashgen_with_fa4_row_by_row():
     low = done_when.fa4_run(fa4_rows([1.10, 0.99, 1.10]))
     assert [c.held for c in low.criteria] == [False, True] and low.criteria[0].failing == ("(1,2048,16,128) bf16 causal",)
     assert [c.held for c in done_when.fa4_run(fa4_rows([1.0, 1.0])).criteria] == [True, False]
+    rows = fa4_rows([1.10, 1.10])
+    rows[1] = dict(rows[1], ms=None, error="SpillError")  # flashgen's first row failed: no longer left out
+    run = done_when.fa4_run(rows)
+    assert [c.held for c in run.criteria] == [False, False] and run.criteria[0].failing == ("(1,1024,16,128) bf16 (no ratio, or its output off)",)
 
 
 def write(path, rows):
@@ -98,6 +138,10 @@ def test_runs_load_oldest_first_from_one_gpu_and_tabulate(tmp_path):
     assert table[2] == ["B=8 S_q=1 S_k=8192 H=32/8 D=128 bf16", "1.050x", "0.990x", "1.020x (0.990-1.050)"]
     assert table[-5] == ["S_q=1, B>=8 rows >= 1.0x", "met", "no", "1 of 2 runs"]
     assert "S_q=1, B>=8 rows >= 1.0x: 1 of 2 (last run: B=8 S_q=1" in done_when.verdict(runs)
+    dirty = [dict(r, flashgen_commit="81622372e88182e24d00fa597a63cf055c811c8b+dirty",
+                  flashgen_tree="20e38f10a84a35e00c6582db73f46287d4f3317c") for r in decode_rows()]
+    write(tmp_path / "nvidia-h200-20261206T120000Z-decode.json", dirty)  # the tree it measured, and that it was dirty
+    assert done_when.load_runs("decode", [tmp_path])[-1].source == "20261206T120000Z 20e38f1+dirty"
     write(tmp_path / "nvidia-h100-80gb-hbm3-20261203T120000Z-decode.json", decode_rows(gpu="NVIDIA H100 80GB HBM3"))
     with pytest.raises(ValueError, match="come from 2 GPUs"):
         done_when.load_runs("decode", [tmp_path])
