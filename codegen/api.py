@@ -159,13 +159,17 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
             max_q, max_k = shape.max_seq_q, shape.max_seq_k
         varlen = (cu_q, cu_k, max_q, max_k)
     try:
+        # Values and their types: 1 == 1.0 == True, and a type the first call's checks refuse must not find its
+        # launcher (scale=np.float32(0.125) after 0.125).
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-               k.device, v.device, bool(causal), scale, layout, None if window is None else tuple(window), softcap,
-               None if pv_split is None else tuple(pv_split), tuple(sorted(tuning.items())) if tuning else (),
+               k.device, v.device, bool(causal), scale, type(scale), layout,
+               None if window is None else (tuple(window), tuple(map(type, window))), softcap, type(softcap),
+               None if pv_split is None else (tuple(pv_split), tuple(map(type, pv_split))),
+               tuple(sorted((name, value, type(value)) for name, value in tuning.items())) if tuning else (),
                None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device))
         if varlen is not None:
             key += (cu_q.shape, cu_q.stride(), cu_q.dtype, cu_q.device, cu_k.shape, cu_k.stride(), cu_k.dtype,
-                    cu_k.device, max_q, max_k)
+                    cu_k.device, max_q, max_k, type(max_q), type(max_k))
         cache, limit = ((_LAUNCHERS, MAX_LAUNCHERS) if varlen is None else
                         (_VARLEN_LAUNCHERS, MAX_VARLEN_LAUNCHERS))
         launcher = cache.get(key)
@@ -187,9 +191,7 @@ def _call(q, k, v, causal, scale, layout, window, softcap, pv_split, tuning, ret
                             _grid(call, built.plan, q.device, kernel), q.device)
         launcher.lse_shape = call.lse_shape
         if key is not None:
-            if len(cache) >= limit:
-                cache.pop(next(iter(cache)))
-            cache[key] = launcher
+            remember(cache, key, launcher, limit)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                     (sinks is not None and sinks.requires_grad)):
         raise InputError(NO_BACKWARD)
@@ -639,6 +641,24 @@ def _check_device(t) -> None:
 
 
 
+KNOB_TYPES = {"block_n": (int,), "stages": (int,), "pingpong": (bool,), "persistent": (bool, type(None)),
+              "tile_overlap": (bool, type(None)), "multicast": (bool, type(None)), "short_tail": (bool,),
+              "trace": (bool,)}
+
+
+def check_option_types(*, window, pv_split, tuning) -> None:
+    """The types the options must have, for a path that converts them before the checks see them (torch.compile's
+    op arguments: int(3.7) would pass as 3): InputError for a window or split that is not ints, or a knob of
+    another type than KernelSpec's field."""
+    for name, values in (("window", window), ("pv_split", pv_split)):
+        if values is not None and not all(type(x) is int for x in values):
+            raise InputError(f"{name} must be a sequence of ints, got {values!r}")
+    for knob, value in tuning.items():
+        allowed = KNOB_TYPES.get(knob)
+        if allowed is not None and type(value) not in allowed:
+            raise InputError(f"{knob} must be {' or '.join(a.__name__ for a in allowed)}, got {value!r}")
+
+
 def _require_torch(what: str) -> None:
     """One clear error, before anything else, where torch (or a torch new enough for the custom op) is missing."""
     if _torch_op is None:
@@ -650,7 +670,7 @@ try:  # torch for the calls, and torch.ops.flashgen.attention registered (the ge
     import torch
 
     from . import torch_op as _torch_op
-    from .launcher import Launcher
+    from .launcher import Launcher, remember
 except (ImportError, AttributeError) as _e:  # AttributeError: a torch before 2.4, without torch.library.custom_op
     _TORCH_MISSING = str(_e) if isinstance(_e, ImportError) else f"this torch is too old ({_e})"
-    torch = _torch_op = Launcher = None
+    torch = _torch_op = Launcher = remember = None

@@ -65,8 +65,10 @@ def _check_like(name: str, t, q, layout: str):
 
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype or t.device != q.device:
         raise InputError(f"{name} must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}")
+    # A copy where a TMA map cannot read it in place: a strided last dim, a misaligned start or stride, or a stride
+    # of 0 (an expanded gradient, e.g. of a sum over a dimension: a tensor map takes no zero stride).
     if t.stride(-1) != 1 or t.data_ptr() % 16 or any(
-            t.shape[a] > 1 and (t.stride(a) * t.element_size()) % 16 for a in range(t.dim() - 1)):
+            t.shape[a] > 1 and (t.stride(a) == 0 or (t.stride(a) * t.element_size()) % 16) for a in range(t.dim() - 1)):
         t = t.contiguous()
     return t
 
@@ -181,9 +183,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: floa
             spec = backward_spec(shape, q.dtype, causal=causal, window=window, softcap=softcap,
                                  arch=_device_arch(q.device), deterministic=deterministic, varlen=varlen)
             launcher = BackwardLauncher(spec, shape, layout, float(scale), q, k, v, do, q.device, varlen)
-            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
-                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
-            _LAUNCHERS[key] = launcher
+            api.remember(_LAUNCHERS, key, launcher, MAX_LAUNCHERS)
         return launcher(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k)
 
 

@@ -16,6 +16,7 @@ import threading
 from layouts import LayoutError
 from layouts.dtypes import BY_TORCH_NAME
 
+from . import api as _api
 from . import build as _build
 from .api import NO_BACKWARD, InputError, _current_stream, _device_arch, _require_torch, _sm_count
 from .families.decode_sm90 import DecodeSpec, Plan, resolve
@@ -121,9 +122,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
                                   window, softcap, sinks, num_splits, block_n, stages, gather, ctas_per_sm,
                                   bool(pdl), swap, head_pack)
         if key is not None:
-            if len(_LAUNCHERS) >= MAX_LAUNCHERS:
-                _LAUNCHERS.pop(next(iter(_LAUNCHERS)))
-            _LAUNCHERS[key] = launcher
+            _api.remember(_LAUNCHERS, key, launcher, MAX_LAUNCHERS)
     # The per-call checks, written out: this is the hot path of a decode step (host time: bench/LOG.md d17).
     if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad or (
             k_new is not None and (k_new.requires_grad or v_new.requires_grad)) or (

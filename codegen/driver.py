@@ -6,6 +6,7 @@ and kernels launched here see the same memory and streams.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from dataclasses import dataclass
@@ -38,12 +39,26 @@ def check(result, what: str):
 
 @functools.lru_cache(maxsize=None)
 def context(device_index: int):
-    """Make the device's primary context (the one PyTorch uses) current and return it."""
+    """The device's primary context (the one PyTorch uses), retained."""
     check(cu.cuInit(0), "cuInit")
     device = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
-    ctx = check(cu.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    return check(cu.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+
+
+@contextlib.contextmanager
+def current(ctx):
+    """`ctx` current on this thread inside the block, and the thread's own context back after it: the caller's
+    current device (torch.cuda.current_device(), its streams and allocations) is theirs, whichever device a
+    flashgen kernel was loaded or launched on."""
+    before = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(before) == int(ctx):
+        yield
+        return
     check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    return ctx
+    try:
+        yield
+    finally:
+        check(cu.cuCtxSetCurrent(before), "cuCtxSetCurrent")
 
 
 @dataclass(frozen=True)
@@ -60,18 +75,19 @@ class LoadedKernel:
 
 
 def load(cubin: bytes, kernel_name: str, dynamic_smem: int, device_index: int) -> LoadedKernel:
-    check(cu.cuCtxSetCurrent(context(device_index)), "cuCtxSetCurrent")
-    module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
-    function = check(cu.cuModuleGetFunction(module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
-    check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                dynamic_smem), "cuFuncSetAttribute(max dynamic shared memory)")
+    with current(context(device_index)):
+        module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+        function = check(cu.cuModuleGetFunction(module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
+        check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    dynamic_smem), "cuFuncSetAttribute(max dynamic shared memory)")
     return LoadedKernel(module, function, dynamic_smem, context(device_index))
 
 
 def sibling(kernel: LoadedKernel, kernel_name: str, dynamic_smem: int = 0) -> LoadedKernel:
     """Another entry point of an already loaded module (a family whose source holds two kernels)."""
-    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
-    function = check(cu.cuModuleGetFunction(kernel.module, kernel_name.encode()), f"cuModuleGetFunction({kernel_name})")
+    with current(kernel.context):
+        function = check(cu.cuModuleGetFunction(kernel.module, kernel_name.encode()),
+                         f"cuModuleGetFunction({kernel_name})")
     return LoadedKernel(kernel.module, function, dynamic_smem, kernel.context)
 
 
@@ -89,7 +105,6 @@ def resident_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
 
 
 def _max_active_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
-    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
     attr = cu.CUlaunchAttribute()
     attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = size, 1, 1
@@ -97,7 +112,8 @@ def _max_active_clusters(kernel: LoadedKernel, threads: int, size: int) -> int:
     config.gridDimX, config.gridDimY, config.gridDimZ = size, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
     config.sharedMemBytes, config.attrs, config.numAttrs = kernel.dynamic_smem, [attr], 1
-    return check(cu.cuOccupancyMaxActiveClusters(kernel.function, config), f"cuOccupancyMaxActiveClusters({size})")
+    with current(kernel.context):
+        return check(cu.cuOccupancyMaxActiveClusters(kernel.function, config), f"cuOccupancyMaxActiveClusters({size})")
 
 
 def encode_tensor_map(params: layouts.TensorMapParams, global_address: int) -> bytes:
@@ -163,7 +179,6 @@ def pack_args(args: list) -> PackedArgs:
 
 
 def launch(kernel: LoadedKernel, grid: tuple[int, int, int], block: int, stream: int, args: PackedArgs) -> None:
-    # The module lives in its device's context; another thread or device selection may have changed it.
-    check(cu.cuCtxSetCurrent(kernel.context), "cuCtxSetCurrent")
-    check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream, args.address, 0),
-          "cuLaunchKernel")
+    with current(kernel.context):  # the module lives in its device's context
+        check(cu.cuLaunchKernel(kernel.function, *grid, block, 1, 1, kernel.dynamic_smem, stream, args.address, 0),
+              "cuLaunchKernel")

@@ -26,7 +26,8 @@ MAPS_PER_OPERAND = 8  # addresses remembered per operand (o alternates between t
 
 
 class _Lib:
-    """cuLaunchKernel and cuCtxSetCurrent from libcuda itself (cuda.bindings costs microseconds per call)."""
+    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent from libcuda itself (cuda.bindings costs microseconds per
+    call)."""
 
     def __init__(self):
         try:
@@ -37,6 +38,9 @@ class _Lib:
         self.set_ctx = lib.cuCtxSetCurrent
         self.set_ctx.argtypes = [ctypes.c_void_p]
         self.set_ctx.restype = ctypes.c_int
+        self.get_ctx = lib.cuCtxGetCurrent
+        self.get_ctx.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.get_ctx.restype = ctypes.c_int
         self.launch = lib.cuLaunchKernel
         self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.launch.restype = ctypes.c_int
@@ -69,16 +73,28 @@ assert _LaunchConfig.stream.offset == 32  # seven unsigned ints, then the stream
 assert ctypes.sizeof(_LaunchConfig) == 56
 
 
-_lib_launch = _lib_set_ctx = _lib_launch_ex = None
+_remember_lock = threading.Lock()
+
+
+def remember(cache: dict, key, value, limit: int) -> None:
+    """cache[key] = value, the oldest entries dropped past `limit`: the launcher caches' insert, made on a miss,
+    under one lock so that threads missing at once do not evict the same entry twice (lookups take no lock)."""
+    with _remember_lock:
+        while len(cache) >= limit:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
+
+
+_lib_launch = _lib_set_ctx = _lib_get_ctx = _lib_launch_ex = None
 _counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (tensor, its address)
 _counter_lock = threading.Lock()
 
 
 def _load_driver_lib() -> None:
-    global _lib_launch, _lib_set_ctx, _lib_launch_ex
+    global _lib_launch, _lib_set_ctx, _lib_get_ctx, _lib_launch_ex
     if _lib_launch is None:
         lib = _Lib()
-        _lib_launch, _lib_set_ctx = lib.launch, getattr(lib, "set_ctx", None)
+        _lib_launch, _lib_set_ctx, _lib_get_ctx = lib.launch, getattr(lib, "set_ctx", None), getattr(lib, "get_ctx", None)
         _lib_launch_ex = getattr(lib, "launch_ex", None)
 
 
@@ -172,15 +188,33 @@ class Launcher:
             self._launch(stream, self._args)
 
 
+def _enter(context: int) -> int | None:
+    """Make the kernel's context current for a launch: the thread's context it replaced (0: none), to give back
+    after the launch (_leave), or None where it was current already (one device: every launch)."""
+    before = ctypes.c_void_p()
+    _lib_get_ctx(ctypes.byref(before))
+    if (before.value or 0) == context:
+        return None
+    _lib_set_ctx(context)
+    return before.value or 0
+
+
+def _leave(before: int | None) -> None:
+    """The caller's current device stays theirs (torch.cuda.current_device(), its streams and allocations)."""
+    if before is not None:
+        _lib_set_ctx(before)
+
+
 def launch_now(kernel, grid: tuple[int, int, int], block: int, stream: int, args) -> None:
     """cuLaunchKernel of a loaded kernel with packed arguments, straight through libcuda where it loads."""
     _load_driver_lib()
     if _lib_launch is None:
         driver.launch(kernel, grid, block, stream, args)
         return
-    _lib_set_ctx(kernel.context_handle)
+    before = _enter(kernel.context_handle)
     err = _lib_launch(kernel.function_handle, grid[0], grid[1], grid[2], block, 1, 1, kernel.dynamic_smem, stream,
                       args.address, None)
+    _leave(before)
     if err:
         from cuda.bindings import driver as cu
 
@@ -236,8 +270,9 @@ class ConfiguredLaunch:
 
     def __call__(self, stream: int, args) -> None:
         self._config.stream = stream
-        _lib_set_ctx(self.kernel.context_handle)
+        before = _enter(self.kernel.context_handle)
         err = _lib_launch_ex(self._config_address, self.kernel.function_handle, args.address, None)
+        _leave(before)
         if err:
             from cuda.bindings import driver as cu
 

@@ -114,6 +114,7 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, deterministic=deterministic, check=check, **tuning))
     # Rank and dtypes are never symbolic: refused while tracing (what reads sizes is the op's to check when it runs).
+    api.check_option_types(window=window, pv_split=pv_split, tuning=tuning)
     api.check_kinds(q, k, v, rank=3 if varlen else 4, dims=api.PACKED_DIMS if varlen else api.layout_dims(layout))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         backward.check_differentiable(q, k, layout=layout, causal=causal, window=window, softcap=softcap,

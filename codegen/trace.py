@@ -123,9 +123,12 @@ def _buffer(prepared) -> tuple[int, int]:
 
     from .driver import check
 
+    from .driver import current
+
     if not prepared.built.spec.trace:
         raise ValueError(f"{prepared.built.spec.name} is not a traced build: prepare(..., trace=True)")
-    address, size = check(cu.cuModuleGetGlobal(prepared.kernel.module, b"flashgen_trace"), "cuModuleGetGlobal")
+    with current(prepared.kernel.context):
+        address, size = check(cu.cuModuleGetGlobal(prepared.kernel.module, b"flashgen_trace"), "cuModuleGetGlobal")
     return int(address), int(size)
 
 
@@ -135,8 +138,11 @@ def clear(prepared) -> None:
 
     from .driver import check
 
+    from .driver import current
+
     address, size = _buffer(prepared)
-    check(cu.cuMemsetD8(address, 0, size), "cuMemsetD8")
+    with current(prepared.kernel.context):
+        check(cu.cuMemsetD8(address, 0, size), "cuMemsetD8")
 
 
 def read(prepared) -> dict[tuple[int, int, int], list[Event]]:
@@ -146,9 +152,12 @@ def read(prepared) -> dict[tuple[int, int, int], list[Event]]:
 
     from .driver import check
 
+    from .driver import current
+
     address, size = _buffer(prepared)
     words = np.zeros(size // 8, dtype=np.uint64)
-    check(cu.cuMemcpyDtoH(words.ctypes.data, address, size), "cuMemcpyDtoH")
+    with current(prepared.kernel.context):
+        check(cu.cuMemcpyDtoH(words.ctypes.data, address, size), "cuMemcpyDtoH")
     return split_rows(words)
 
 

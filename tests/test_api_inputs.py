@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -314,6 +316,7 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
     monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
     monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
+    monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)
     launches = []
     monkeypatch.setattr(launcher, "_lib_launch", lambda *a: launches.append(a) or 0)
 
@@ -369,8 +372,78 @@ def test_torch_compile_refuses_a_wrong_rank_or_dtype_while_tracing(make, options
         _compiled(True, dynamic, **options)(q, k, v)
 
 
+@pytest.mark.parametrize("options, message", [({"window": (3.7, -1)}, "window must be a sequence of ints"),
+                                              ({"block_n": 64.9}, "block_n must be int"),
+                                              ({"short_tail": 1}, "short_tail must be bool")])
+def test_torch_compile_refuses_an_option_of_the_wrong_type_instead_of_converting_it(options, message):
+    with pytest.raises(Exception, match=f"InputError.*{message}"):
+        _compiled(True, **options)(*qkv())
+
+
+def test_a_cached_launcher_is_not_found_by_an_equal_option_of_another_type(monkeypatch):
+    """scale=np.float32(0.125) equals 0.125, but a first call refuses it: the cache's key holds the options' types,
+    so the second call is checked, not launched (CPU, faked launch, as above)."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from codegen import api, driver, launcher
+    from codegen.families import make_plan
+
+    monkeypatch.setattr(api, "_check_device", lambda t: None)  # as if on an H100
+    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(api, "_loaded", lambda key: (SimpleNamespace(plan=make_plan(key.spec), spec=key.spec),
+                                                     SimpleNamespace(dynamic_smem=0, context_handle=1, function_handle=2)))
+    monkeypatch.setattr(api, "_LAUNCHERS", {})
+    monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
+        repr((params, address)).encode()).digest() * 2)
+    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
+    monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
+    monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
+    monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)
+    launches = []
+    monkeypatch.setattr(launcher, "_lib_launch", lambda *a: launches.append(a) or 0)
+    q, k, v = qkv()
+    for _ in range(2):
+        attention(q, k, v, scale=0.125)
+    assert len(launches) == 2 and len(api._LAUNCHERS) == 1
+    with pytest.raises(InputError, match="scale must be a positive finite number"):
+        attention(q, k, v, scale=np.float32(0.125))
+    assert len(launches) == 2
+
+
 @pytest.mark.parametrize("dynamic", [None, True], ids=("static", "dynamic"))
 def test_torch_compile_traces_a_good_call_to_the_op(dynamic):
     # No graph break before the op (on the CPU it has no kernel: NotImplementedError names it).
     with pytest.raises(NotImplementedError, match="flashgen::attention"):
         _compiled(True, dynamic)(*qkv())
+
+
+def test_threads_that_miss_a_full_launcher_cache_at_once_do_not_trip_over_each_other():
+    import threading
+
+    from codegen.launcher import remember
+
+    cache, errors, start = {}, [], threading.Barrier(16)
+
+    def insert(i):
+        start.wait()
+        try:
+            for j in range(2000):
+                remember(cache, (i, j), j, 1)
+        except Exception as e:  # noqa: BLE001 - any exception is the failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=insert, args=(i,)) for i in range(16)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: the race shows if there is one
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and len(cache) == 1

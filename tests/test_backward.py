@@ -455,3 +455,17 @@ def test_cli_emits_the_varlen_backward(tmp_path):
                      "--out", str(tmp_path)]) == 0
     (source,) = tmp_path.glob("*_varlen.cu")
     assert "constexpr bool kVarlen = true;" in source.read_text()
+
+
+def test_an_expanded_output_gradient_is_copied_before_its_tensor_map():
+    """dO of (o.sum(1) * w).sum().backward() has a stride of 0 over S, which no tensor map takes: a dense copy."""
+    torch = pytest.importorskip("torch")
+    from codegen.backward import _check_like
+
+    q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)
+    expanded = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16).expand(2, 8, 4, 64)
+    assert expanded.stride(1) == 0
+    dense = _check_like("do", expanded, q, "bshd")
+    assert dense.is_contiguous() and torch.equal(dense, expanded)
+    kept = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)
+    assert _check_like("do", kept, q, "bshd") is kept  # already readable in place: no copy

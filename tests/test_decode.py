@@ -534,6 +534,14 @@ def test_a_ctas_per_sm_the_family_has_no_layout_for_is_refused(bad):
         DecodeSpec(heads=32, kv_heads=8, head_dim=128, ctas_per_sm=bad)
 
 
+def thread_context(handle: int):
+    """A stand-in for libcuda's cuCtxGetCurrent: the calling thread's current context is `handle` (0: none)."""
+    def get(pointer):
+        pointer._obj.value = handle or None
+        return 0
+    return get
+
+
 def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(monkeypatch):
     pytest.importorskip("torch")  # codegen.launcher's
     import ctypes
@@ -545,16 +553,21 @@ def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(mo
     calls = []
     monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
     monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: calls.append(("ctx", handle)))
+    monkeypatch.setattr(launcher, "_lib_get_ctx", thread_context(0))  # the thread has no current context
     monkeypatch.setattr(launcher, "_lib_launch_ex", lambda config, function, args, extra: calls.append(
         ("launch", ctypes.cast(config, ctypes.POINTER(launcher._LaunchConfig)).contents, function, args)) or 0)
     kernel = type("Kernel", (), {"dynamic_smem": 181584, "context_handle": 11, "function_handle": 22})()
     launch = launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, (8, 1, 1))
     for stream in (5, 6):
         launch(stream, type("Args", (), {"address": 33})())
-    assert [c[0] for c in calls] == ["ctx", "launch"] * 2
-    config = calls[-1][1]
+    assert [c[0] for c in calls] == ["ctx", "launch", "ctx"] * 2  # the kernel's context, then the thread's back
+    assert calls[0] == ("ctx", 11) and calls[2] == ("ctx", 0)
+    config = calls[4][1]  # the second launch's
     assert (config.grid.x, config.grid.y, config.grid.z, config.block.x, config.block.y) == (8, 8, 1, 384, 1)
-    assert (config.shared_mem_bytes, config.stream, config.num_attrs, calls[-1][2:]) == (181584, 6, 1, (22, 33))
+    calls.clear()
+    launch(6, type("Args", (), {"address": 33})())
+    config = calls[1][1]
+    assert (config.shared_mem_bytes, config.stream, config.num_attrs, calls[1][2:]) == (181584, 6, 1, (22, 33))
     attr = config.attrs[0]
     assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     assert (attr.value.cluster_dim.x, attr.value.cluster_dim.y, attr.value.cluster_dim.z) == (8, 1, 1)
@@ -562,12 +575,13 @@ def test_a_cluster_launch_passes_cuLaunchKernelEx_its_grid_cluster_and_stream(mo
         launcher.ConfiguredLaunch(kernel, (6, 8, 1), 384, (4, 1, 1))  # a cluster that does not divide the grid
     calls.clear()
     launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, (8, 1, 1), overlap=True)(7, type("Args", (), {"address": 33})())
-    config = calls[-1][1]
+    config = calls[1][1]
     assert config.num_attrs == 2 and config.attrs[0].id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     pdl = config.attrs[1]
     assert pdl.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION and pdl.value.flag == 1
+    calls.clear()
     launcher.ConfiguredLaunch(kernel, (8, 8, 1), 384, None, overlap=True)(7, type("Args", (), {"address": 33})())
-    config = calls[-1][1]
+    config = calls[1][1]
     assert config.num_attrs == 1 and config.attrs[0].id == pdl.id
 
 
@@ -583,6 +597,7 @@ def test_kernel_launch_takes_cuLaunchKernel_unless_a_cluster_or_an_overlap_needs
     calls = []
     monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
     monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: calls.append(("ctx", handle)))
+    monkeypatch.setattr(launcher, "_lib_get_ctx", thread_context(11))  # the kernel's context is the thread's already
     monkeypatch.setattr(launcher, "_lib_launch", lambda *a: calls.append(("plain",) + a) or 0)
     monkeypatch.setattr(launcher, "_lib_launch_ex", lambda config, function, args, extra: calls.append(
         ("ex", ctypes.cast(config, ctypes.POINTER(launcher._LaunchConfig)).contents.num_attrs, function, args)) or 0)
@@ -592,13 +607,13 @@ def test_kernel_launch_takes_cuLaunchKernel_unless_a_cluster_or_an_overlap_needs
     assert isinstance(plain, launcher.PlainLaunch)
     assert isinstance(launcher.kernel_launch(kernel, (3, 2, 1), 384, ()), launcher.PlainLaunch)  # no cluster dims
     plain(5, args)
-    assert calls == [("ctx", 11), ("plain", 22, 3, 2, 1, 384, 1, 1, 1000, 5, 33, None)]
+    assert calls == [("plain", 22, 3, 2, 1, 384, 1, 1, 1000, 5, 33, None)]  # no context switch: nothing to give back
     for cluster, overlap, attrs in (((2, 1, 1), False, 1), (None, True, 1), ((2, 1, 1), True, 2)):
         calls.clear()
         launch = launcher.kernel_launch(kernel, (4, 2, 1), 384, cluster, overlap)
         assert isinstance(launch, launcher.ConfiguredLaunch)
         launch(5, args)
-        assert calls == [("ctx", 11), ("ex", attrs, 22, 33)]
+        assert calls == [("ex", attrs, 22, 33)]
     # A forward plan's cluster dims choose for attention()'s launcher and prepare()'s kernel alike.
     monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: bytes(driver.TENSOR_MAP_BYTES))
     for multicast, expected in ((False, "plain"), (True, "ex")):
@@ -608,10 +623,10 @@ def test_kernel_launch_takes_cuLaunchKernel_unless_a_cluster_or_an_overlap_needs
         call = launcher.Launcher(built, kernel, {op: None for op in "qkvo"}, {}, grid, "cuda:0")
         calls.clear()
         call(5, 100, 200, 300, 400, 0)
-        assert [c[0] for c in calls] == ["ctx", expected]
+        assert [c[0] for c in calls] == [expected]
         calls.clear()
         api.PreparedAttention(built, kernel, args, grid, None, None, "cuda:0")._launch(5, args)
-        assert [c[0] for c in calls] == ["ctx", expected]
+        assert [c[0] for c in calls] == [expected]
 
 
 @pytest.mark.parametrize("spec", [DecodeSpec(heads=32, kv_heads=8, head_dim=128),
@@ -703,3 +718,35 @@ def test_tiles_just_over_a_wave_take_two_splits():
     assert [choose_splits(t, 64, 132) for t in (136, 160, 164)] == [2] * 3  # 8k keys in 128-key blocks
     assert [choose_splits(t, 64, 132) for t in (132, 165, 192, 256, 1024)] == [1] * 5
     assert choose_splits(136, 16, 132) == 1  # 2k keys: a split would keep fewer than SPLIT_MIN_BLOCKS blocks
+
+
+def test_the_driver_gives_the_thread_its_own_context_back(monkeypatch):
+    """Loading or launching on another device's context must not leave it current: the caller's torch device is
+    theirs (driver.current, as the launcher's _enter and _leave on the hot path)."""
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as cu
+
+    from codegen import driver
+
+    ok, log, state = cu.CUresult.CUDA_SUCCESS, [], {"current": 7}
+
+    def set_current(ctx):
+        log.append(int(ctx))
+        state["current"] = int(ctx)
+        return (ok,)
+
+    monkeypatch.setattr(driver, "cu", SimpleNamespace(cuCtxGetCurrent=lambda: (ok, state["current"]),
+                                                      cuCtxSetCurrent=set_current, CUresult=cu.CUresult,
+                                                      cuGetErrorName=cu.cuGetErrorName,
+                                                      cuGetErrorString=cu.cuGetErrorString))
+    with driver.current(11):
+        assert state["current"] == 11
+    assert state["current"] == 7 and log == [11, 7]
+    log.clear()
+    with driver.current(7):  # already current: no switch
+        pass
+    assert log == []
+    with pytest.raises(RuntimeError, match="boom"), driver.current(11):
+        raise RuntimeError("boom")
+    assert state["current"] == 7  # given back on an error too
