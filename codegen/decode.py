@@ -282,25 +282,31 @@ class DecodeLauncher:
     GATHER_PER_CALL = ("k_cache_gmem", "v_cache_gmem")  # a gathering kernel reads the caches by address
 
     def _workspace_for(self, stream: int, device) -> tuple[tuple[int, int, int], tuple]:
-        """((ws_o, ws_lse, split_counter) addresses, the tensors there) for a launch on `stream`, under the lock.
-        Eager launches on a stream share one (the counter is left zero by every launch, and they run in order);
-        another stream gets its own, kept here. A launch captured into a CUDA graph gets a fresh one from the
-        capture's memory pool (its counter zeroed by a captured memset before every replay): the graph owns it,
-        freed with it, and a graph may replay on any stream beside eager calls and other graphs."""
+        """((ws_o, ws_lse, split_counter) addresses, what holds them) for a launch on `stream`, under the lock.
+        Eager launches on a stream share one (the counter is left zero by every launch, and they run in order),
+        outside torch's allocator (driver.DeviceBuffer, freed with the launcher); another stream gets its own. A
+        launch captured into a CUDA graph gets a fresh one from the capture's memory pool (its counter zeroed by a
+        captured memset before every replay): the graph owns it, freed with it, and a graph may replay on any
+        stream beside eager calls and other graphs. Launches that merge without one get (0, 0, 0)."""
         import torch
 
-        split = self._uses_workspace
-        captured = split and torch.cuda.is_current_stream_capturing()
-        ws = None if captured else self._workspace.get(stream)
+        from . import driver
+
+        if not self._uses_workspace:
+            return (0, 0, 0), ()
+        tiles = self.batch * self.grid[1]
+        rows = tiles * max(self.splits, 1) * self.plan.block_m
+        sizes = (rows * self.plan.spec.head_dim * 4, rows * 4, tiles * 4)  # float partial rows, float lse, int counter
+        if torch.cuda.is_current_stream_capturing():
+            tensors = (torch.empty(sizes[0] // 4, dtype=torch.float32, device=device),
+                       torch.empty(sizes[1] // 4, dtype=torch.float32, device=device),
+                       torch.zeros(sizes[2] // 4, dtype=torch.int32, device=device))
+            return tuple(t.data_ptr() for t in tensors), tensors
+        ws = self._workspace.get(stream)
         if ws is None:
-            tiles = self.batch * self.grid[1]
-            rows = tiles * max(self.splits, 1) * self.plan.block_m
-            tensors = (torch.empty(rows * self.plan.spec.head_dim if split else 0, dtype=torch.float32, device=device),
-                       torch.empty(rows if split else 0, dtype=torch.float32, device=device),
-                       torch.zeros(tiles if split else 0, dtype=torch.int32, device=device))
-            ws = (tuple(t.data_ptr() for t in tensors), tensors)
-            if not captured:
-                self._workspace[stream] = ws
+            buffers = tuple(driver.DeviceBuffer(n, device.index or 0) for n in sizes)
+            buffers[2].zero(stream)  # the counter; the partial rows are written before they are read
+            ws = self._workspace[stream] = (tuple(b.address for b in buffers), buffers)
         return ws
 
     def __call__(self, stream, q, k_cache, v_cache, cache_seqlens, k_new, v_new, sinks, o, lse, page_table=None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import weakref
 from dataclasses import dataclass
 
 from cuda.bindings import driver as cu
@@ -59,6 +60,33 @@ def current(ctx):
         yield
     finally:
         check(cu.cuCtxSetCurrent(before), "cuCtxSetCurrent")
+
+
+class DeviceBuffer:
+    """Device memory from cuMemAlloc, outside torch's caching allocator, freed (cuMemFree) with this object: state a
+    launcher keeps across calls (tile counters, merge workspaces). Allocated through torch, it could come from a
+    private pool that torch.compile's CUDA graphs (mode="reduce-overhead") open around their warm-up and later
+    reclaim, while the launcher still launches on its address."""
+
+    def __init__(self, nbytes: int, device_index: int):
+        self.context = context(device_index)
+        with current(self.context):
+            self.address = int(check(cu.cuMemAlloc(max(int(nbytes), 4)), "cuMemAlloc"))
+        self.nbytes = int(nbytes)
+        weakref.finalize(self, _free_device_memory, self.context, self.address)
+
+    def zero(self, stream: int) -> None:
+        """Zeros in, ordered on `stream` before whatever is launched on it next."""
+        with current(self.context):
+            check(cu.cuMemsetD8Async(self.address, 0, max(self.nbytes, 4), stream), "cuMemsetD8Async")
+
+
+def _free_device_memory(ctx, address: int) -> None:
+    try:
+        with current(ctx):
+            cu.cuMemFree(address)
+    except Exception:  # noqa: BLE001 - at interpreter exit the context may already be gone
+        pass
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def remember(cache: dict, key, value, limit: int) -> None:
 
 
 _lib_launch = _lib_set_ctx = _lib_get_ctx = _lib_launch_ex = None
-_counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (tensor, its address)
+_counters: dict[tuple[int, int], tuple[object, int]] = {}  # (device, stream) -> (driver.DeviceBuffer, its address)
 _counter_lock = threading.Lock()
 
 
@@ -98,26 +98,25 @@ def _load_driver_lib() -> None:
         _lib_launch_ex = getattr(lib, "launch_ex", None)
 
 
-_captured: list = []  # counters of captured launches: alive as long as a graph may replay them
-
-
-def stream_counter(device, stream: int) -> int:
-    """The address of the tile counter of persistent kernels on (device, stream): zero, and left zero by every
-    launch. Under CUDA graph capture each launch gets its own, zeroed by a captured memset before every replay,
-    so a graph never shares one with eager launches (nor with another graph)."""
+def stream_counter(device, stream: int) -> tuple[int, object]:
+    """(address, what holds it) of the tile counter of persistent kernels on (device, stream): zero, and left zero by
+    every launch. Eager launches share one per (device, stream), outside torch's allocator (driver.DeviceBuffer).
+    Under CUDA graph capture each launch gets its own from the capture's memory pool, zeroed by a captured memset
+    before every replay, so a graph never shares one with eager launches (nor with another graph); the caller
+    holds it until the launch is captured, and the graph owns it from then on."""
     if torch.cuda.is_current_stream_capturing():
         tensor = torch.zeros(1, dtype=torch.int32, device=device)
-        _captured.append(tensor)
-        return tensor.data_ptr()
+        return tensor.data_ptr(), tensor
     key = (device.index or 0, stream)
     counter = _counters.get(key)
     if counter is None:
         with _counter_lock:
             counter = _counters.get(key)
             if counter is None:
-                tensor = torch.zeros(1, dtype=torch.int32, device=device)
-                counter = _counters[key] = (tensor, tensor.data_ptr())
-    return counter[1]
+                buffer = driver.DeviceBuffer(4, device.index or 0)
+                buffer.zero(stream)
+                counter = _counters[key] = (buffer, buffer.address)
+    return counter[1], counter[0]
 
 
 class TensorMapCache:
@@ -171,7 +170,7 @@ class Launcher:
         """Launch on `stream` over the tensors at these addresses (lse 0: the kernel skips the logsumexp; sinks:
         the (H,) logits of a kernel with sinks; cu_seqlens: a varlen kernel's offsets, read on the device)."""
         maps = (self._map("q", q), self._map("k", k), self._map("v", v), self._map("o", o))
-        counter = stream_counter(self.device, stream) if self._counter is not None else 0
+        counter, held = stream_counter(self.device, stream) if self._counter is not None else (0, None)
         with self._lock:
             for slot, (holder, encoded) in enumerate(zip(self._map_holders, maps)):
                 if self._loaded_maps[slot] is not encoded:  # the same map as the last launch: already in place
@@ -186,6 +185,7 @@ class Launcher:
                 cu_q, cu_k, o_gmem = self._varlen
                 cu_q.value, cu_k.value, o_gmem.value = cu_seqlens_q, cu_seqlens_k, o
             self._launch(stream, self._args)
+            del held  # launched (or captured: the graph's from here)
 
 
 def _enter(context: int) -> int | None:

@@ -313,7 +313,7 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     monkeypatch.setattr(api, "_VARLEN_LAUNCHERS", {})
     monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
         repr((params, address)).encode()).digest() * 2)
-    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
+    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: (4096, None))
     monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
     monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
     monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)
@@ -399,7 +399,7 @@ def test_a_cached_launcher_is_not_found_by_an_equal_option_of_another_type(monke
     monkeypatch.setattr(api, "_LAUNCHERS", {})
     monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
         repr((params, address)).encode()).digest() * 2)
-    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: 4096)
+    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: (4096, None))
     monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
     monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
     monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)

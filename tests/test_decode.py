@@ -355,7 +355,7 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
     call = decode.DecodeLauncher(built, "attend", "append", {} if gather else {"k": None, "v": None}, 2, 1, 0.1)
     if not gather:  # the TMA kernel's maps, one encoding per cache address
         call._maps = {op: type("Maps", (), {"get": lambda self, address: bytes(128)})() for op in ("k", "v")}
-    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: ((7, 8, 9), ()))
     q, k, v = _Tensor(100, (999, 99, 9)), _Tensor(300, (1000, 100, 10)), _Tensor(400, (2000, 200, 20))
     k_new, v_new, table = _Tensor(500, (11, 12, 13)), _Tensor(600, (21, 22, 23)), _Tensor(700, (77,))
     for o, lengths in ((_Tensor(200, (555, 55, 5)), _Tensor(800)), (_Tensor(201, (444, 44, 4)), _Tensor(801))):
@@ -401,25 +401,69 @@ def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatc
     q, o = _Tensor(100, (999, 99, 9)), _Tensor(200, (555, 55, 5))
     for splits in (1, 4, 16):
         call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1)
-        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: ((7, 8, 9), ()))
         call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
     assert clusters == [("attend", plan.grid(2, 4), plan.threads, (4, 1, 1), False)]
     assert plain == [("attend", plan.grid(2, 1)), ("attend", plan.grid(2, 16))]
     clusters.clear()
     for splits in (1, 4, 16):  # overlapped (the API's default): every launch by cuLaunchKernelEx
         call = decode.DecodeLauncher(built, "attend", "append", {}, 2, splits, 0.1, overlap=True)
-        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
+        monkeypatch.setattr(call, "_workspace_for", lambda stream, device: ((7, 8, 9), ()))
         call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), None, None, None, o, None)
     # a cluster launch is not overlapped (slower back to back: bench/LOG.md d14)
     assert clusters == [("attend", plan.grid(2, n), plan.threads, c, c is None)
                         for n, c in ((1, None), (4, (4, 1, 1)), (16, None))]
     clusters.clear()  # with appends: the append kernel is overlapped too, launched first
     call = decode.DecodeLauncher(built, "attend", "append", {}, 2, 1, 0.1, overlap=True)
-    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: (7, 8, 9))
+    monkeypatch.setattr(call, "_workspace_for", lambda stream, device: ((7, 8, 9), ()))
     new = _Tensor(500, (11, 12, 13))
     call(0, q, _Tensor(300, (1, 1, 1)), _Tensor(400, (1, 1, 1)), _Tensor(800), new, new, None, o, None)
     assert clusters == [("append", plan.append_grid(2), plan.append_threads, None, True),
                         ("attend", plan.grid(2, 1), plan.threads, None, True)]
+
+
+def test_a_launchers_workspace_lives_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
+    """Eager launches on a stream share one workspace in driver.DeviceBuffers (not torch's pools, which CUDA-graph
+    warm-ups reclaim), its counter zeroed on that stream; a launch under capture gets fresh tensors every time
+    (the graph's); a cluster of pushing splits needs none."""
+    torch = pytest.importorskip("torch")
+    from codegen import decode, driver, launcher
+
+    made = []
+
+    class Buffer:
+        def __init__(self, nbytes, device_index):
+            self.nbytes, self.address, self.zeroed = nbytes, 4096 * (len(made) + 1), []
+            made.append(self)
+
+        def zero(self, stream):
+            self.zeroed.append(stream)
+
+    class FakeConfiguredLaunch:
+        def __init__(self, *args):
+            pass
+
+    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(launcher, "ConfiguredLaunch", FakeConfiguredLaunch)
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128))
+    plan, cpu = built.plan, torch.device("cpu")
+    assert plan.push_merge
+    plain = decode.DecodeLauncher(built, "attend", "append", {}, 2, 16, 0.1)  # 16 splits: no cluster, the workspace
+    first, again = plain._workspace_for(5, cpu), plain._workspace_for(5, cpu)
+    tiles = 2 * plan.grid(2, 16)[1]
+    assert first[0] == again[0] == (4096, 8192, 12288) and len(made) == 3
+    assert [b.nbytes for b in made] == [tiles * 16 * plan.block_m * 128 * 4, tiles * 16 * plan.block_m * 4, tiles * 4]
+    assert [b.zeroed for b in made] == [[], [], [5]]  # the counter, on the launch's stream
+    assert plain._workspace_for(6, cpu)[0] == (16384, 20480, 24576)  # another stream, its own
+    capturing["on"] = True
+    one, two = plain._workspace_for(5, cpu), plain._workspace_for(5, cpu)
+    assert len(made) == 6 and one[0] != two[0] and all(isinstance(x, torch.Tensor) for x in one[1])
+    assert not one[1][2].any()  # a captured counter starts at zero (a memset in the graph)
+    capturing["on"] = False
+    pushed = decode.DecodeLauncher(built, "attend", "append", {}, 2, 4, 0.1)  # a cluster of 4 that push
+    assert pushed.cluster == (4, 1, 1) and pushed._workspace_for(5, cpu) == ((0, 0, 0), ()) and len(made) == 6
 
 
 def test_clustered_splits_push_their_rows_to_split_0_where_the_slots_fit_beside_the_ring():
@@ -750,3 +794,29 @@ def test_the_driver_gives_the_thread_its_own_context_back(monkeypatch):
     with pytest.raises(RuntimeError, match="boom"), driver.current(11):
         raise RuntimeError("boom")
     assert state["current"] == 7  # given back on an error too
+
+
+def test_the_forwards_tile_counters_live_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from codegen import driver, launcher
+
+    made = []
+
+    class Buffer:
+        def __init__(self, nbytes, device_index):
+            self.nbytes, self.address, self.zeroed = nbytes, 4096 * (len(made) + 1), []
+            made.append(self)
+
+        def zero(self, stream):
+            self.zeroed.append(stream)
+
+    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(launcher, "_counters", {})
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    device = torch.device("cpu")
+    assert launcher.stream_counter(device, 5)[0] == launcher.stream_counter(device, 5)[0] == 4096
+    assert launcher.stream_counter(device, 6)[0] == 8192 and [b.zeroed for b in made] == [[5], [6]]
+    capturing["on"] = True
+    (a, held_a), (b, _) = launcher.stream_counter(device, 5), launcher.stream_counter(device, 5)
+    assert a != b and held_a.item() == 0 and len(made) == 2  # fresh, zero, from torch (the capture's pool)
