@@ -100,6 +100,10 @@ def test_mn_major_128b_read_model_uses_lbo_between_atoms_and_sbo_between_k_group
 def test_unswizzled_core_matrix_models():
     d = SmemDescriptor("wgmma", 0, lbo=256, sbo=512, swizzle=Swizzle(0))
     assert mma_read_byte(d, major="K", elem_bytes=2, row=9, k=9) == 16 + 512 + 256 + 2
+    # Apart (at 9, 9 both terms are in, so an LBO/SBO swap would not show): PTX ISA, the matrix descriptor, K-major:
+    # LBO steps between core matrices adjacent in K, SBO between those adjacent in M/N.
+    assert mma_read_byte(d, major="K", elem_bytes=2, row=8, k=0) == 512
+    assert mma_read_byte(d, major="K", elem_bytes=2, row=0, k=8) == 256
     assert mma_read_byte(d, major="MN", elem_bytes=2, row=9, k=9) == 2 + 16 + 512 + 256
 
 

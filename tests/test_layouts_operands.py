@@ -339,3 +339,33 @@ def test_a_short_key_block_with_the_power_of_two_stride_is_caught():
     object.__setattr__(d, "descriptor_objects", lambda: [SmemDescriptor(good.kind, 0, 128 * 128, good.sbo, good.swizzle)])
     object.__setattr__(d, "_slices", (0,))
     assert any(m.coords == {"k": 0, "n": 64} for m in d._verify_descriptors())
+
+
+def test_a_formula_right_on_every_basis_point_but_wrong_between_them_is_caught():
+    """compare_maps' second pass, over the whole tile: `+` where `^` belongs agrees wherever one coordinate bit is
+    set (a basis point) and nowhere the swizzle's two terms overlap; only the full-tile pass sees that."""
+    d = derive_operand("q", arch="sm_90a", head_dim=128, block_rows=64, dtype="f16")
+    text = HOPPER_FORMULAS["q"][2].replace("R", "64")
+    assert d.check_formula(text) == []
+    found = d.check_formula(text.replace(" ^ ", " + "))
+    assert found and not any(m.basis for m in found)
+
+
+@pytest.mark.parametrize("operand, rows, head_pack, arch", [("q", 64, 1, "sm_90a"), ("k", 128, 1, "sm_90a"),
+                                                          ("v", 128, 1, "sm_90a"), ("k", 128, 2, "sm_90a"),
+                                                          ("v", 64, 2, "sm_90a"), ("v", 128, 1, "sm_100a")])
+def test_the_recipes_symbolic_dims_and_strides_are_its_instantiation(operand, rows, head_pack, arch):
+    """The manifest and the exported launcher read describe()'s symbolic dims and byte strides, the Python path
+    instantiate()'s numbers: the two must be one map (a swap in either would read other heads' rows)."""
+    d = derive_operand(operand, arch=arch, head_dim=128, block_rows=rows, dtype="bf16", head_pack=head_pack)
+    recipe = d.tensor_map
+    names = dict(B=3, S=1024, H=8, stride_s=8 * 128 + 64, stride_h=128)
+    # A padded batch stride, except where the key-group map folds batch into keys (it needs S * stride_s).
+    names["stride_b"] = names["S"] * names["stride_s"] + (64 if recipe.kind == "row_tiles" else 0)
+    made = recipe.instantiate(batch=names["B"], seq_len=names["S"], heads=names["H"], stride_b=names["stride_b"],
+                              stride_s=names["stride_s"], stride_h=names["stride_h"])
+    described = recipe.describe()
+    value = lambda text: int(eval(str(text), {"__builtins__": {}}, names))  # noqa: E731,S307 - our own strings
+    assert tuple(map(value, described["dims"])) == tuple(made.dims)
+    assert tuple(map(value, described["strides_bytes"])) == tuple(made.strides_bytes)
+    assert tuple(described["box"]) == tuple(made.box)

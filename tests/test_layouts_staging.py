@@ -35,6 +35,13 @@ def test_every_row_keeps_its_own_columns_and_the_c_text_agrees(cols):
     assert np.array_equal(rows * cols + f({"r": rows + 64, "k": columns}), offsets)  # any row index, bits 0-1 read
 
 
+def test_the_c_text_check_refuses_a_wrong_text(monkeypatch):
+    """check_column_swizzle_c must be able to fail: the text with the XOR dropped (the plain column) is refused."""
+    monkeypatch.setattr(staging, "column_swizzle_c", lambda cols, row="row", col="col": col)
+    with pytest.raises(LayoutError, match="the C column swizzle is wrong"):
+        staging.check_column_swizzle_c(128)
+
+
 def test_rows_that_are_not_whole_swizzle_groups_are_refused():
     with pytest.raises(LayoutError, match="multiple of 32 columns"):
         staging.column_swizzle(80)

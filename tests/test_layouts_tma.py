@@ -110,3 +110,23 @@ def test_driver_args_use_enum_values():
     assert params().driver_args()["tensorDataType"] == 6
     # CUtensorMapL2promotion: NONE, L2_64B, L2_128B, L2_256B
     assert [params(l2_promotion_bytes=b).driver_args()["l2Promotion"] for b in (0, 64, 128, 256)] == [0, 1, 2, 3]
+
+
+def test_the_swizzle_and_dtype_enums_are_the_drivers():
+    """The numbers and names flashgen writes into tensor maps (Python path) and C launchers (export), against the
+    driver API's own enums (cuda.bindings), not against each other."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    from layouts.tma import TMA_DTYPE_NAMES, TMA_DTYPES, TMA_SWIZZLE_ENUM, TMA_SWIZZLE_NAMES
+
+    for span, value in TMA_SWIZZLE_ENUM.items():
+        name = TMA_SWIZZLE_NAMES[span]
+        assert int(getattr(cu.CUtensorMapSwizzle, name)) == value, (span, name, value)
+    assert TMA_SWIZZLE_NAMES[64] == "CU_TENSOR_MAP_SWIZZLE_64B" and TMA_SWIZZLE_NAMES[32] == "CU_TENSOR_MAP_SWIZZLE_32B"
+    for dtype, (code, nbytes) in TMA_DTYPES.items():
+        assert int(getattr(cu.CUtensorMapDataType, TMA_DTYPE_NAMES[dtype])) == code, dtype
+
+
+def test_a_box_not_divisible_by_its_element_stride_copies_the_ceiling():
+    params = TensorMapParams(2, (64, 64), (128,), (64, 9), (1, 2), 128, 2, "f16")
+    assert params.box_counts == (64, 5)  # rows 0, 2, 4, 6, 8
+    assert params.box_bytes == 64 * 5 * 2
