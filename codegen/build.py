@@ -25,13 +25,16 @@ class BuiltKernel:
 
     def manifest(self) -> dict:
         plan, spec = self.plan, self.plan.spec
-        tensor_maps = {}
-        operands = getattr(plan, "mapped_operands", ("q", "k", "v", "o"))
-        for name in (op for op in operands if hasattr(plan, op)):  # the operands the kernel maps
-            described = getattr(plan, name).tensor_map.describe()
-            if name in ("k", "v"):  # the recipe's S and H are the key length and K/V heads here
-                described["dims"] = [{"S": "S_k", "H": "H_kv"}.get(d, d) for d in described["dims"]]
-            tensor_maps[name] = described
+        if hasattr(plan, "manifest_tensor_maps"):  # a family whose maps are not its operands' own (decode's pages)
+            tensor_maps = plan.manifest_tensor_maps()
+        else:
+            tensor_maps = {}
+            operands = getattr(plan, "mapped_operands", ("q", "k", "v", "o"))
+            for name in (op for op in operands if hasattr(plan, op)):  # the operands the kernel maps
+                described = getattr(plan, name).tensor_map.describe()
+                if name in ("k", "v"):  # the recipe's S and H are the key length and K/V heads here
+                    described["dims"] = [{"S": "S_k", "H": "H_kv"}.get(d, d) for d in described["dims"]]
+                tensor_maps[name] = described
         kernel = self.rendered.kernel_name
         return {
             "kernel": kernel,

@@ -77,6 +77,18 @@ class PagedTile:
                                params.swizzle_bytes, params.elem_bytes, params.dtype, params.global_address,
                                params.l2_promotion_bytes)
 
+    def describe(self) -> dict:
+        """The map as instantiate() encodes it, symbolically (a manifest's entry): the row tile's recipe over a
+        (num_pages, page_rows, H, D) cache, and this load's box."""
+        recipe = self.tile.tensor_map
+        described = recipe.describe()
+        names = {"B": "num_pages", "S": str(self.page_rows)}
+        described["dims"] = [names.get(d, d) for d in described["dims"]]
+        described["strides_bytes"] = [s.replace("stride_b", "stride_page").replace("stride_s", "stride_row")
+                                      for s in described["strides_bytes"]]
+        described["box"], described["box_bytes"] = list(self.box), self.load_bytes
+        return described
+
     @property
     def head_pack(self) -> int:
         return self.tile.tensor_map.head_pack

@@ -820,3 +820,26 @@ def test_the_forwards_tile_counters_live_outside_torch_and_a_captured_launch_get
     capturing["on"] = True
     (a, held_a), (b, _) = launcher.stream_counter(device, 5), launcher.stream_counter(device, 5)
     assert a != b and held_a.item() == 0 and len(made) == 2  # fresh, zero, from torch (the capture's pool)
+
+
+@pytest.mark.parametrize("page, gather", [(0, False), (16, False), (4, True)])
+def test_the_manifest_gives_the_maps_the_launcher_encodes(page, gather):
+    """A paged kernel's maps are a page's, with the page's box; a gathering kernel has none (it reads by address)."""
+    built = build(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=page, gather=gather))
+    maps, plan = built.manifest()["tensor_maps"], built.plan
+    if gather:
+        assert maps == {}
+        return
+    for op in ("k", "v"):
+        pages = getattr(plan, f"{op}_pages")
+        names = dict(num_pages=7, B_cache=3, S_max=1024, H_kv=8, stride_page=16 * 8 * 128, stride_row=8 * 128,
+                     stride_b=1024 * 8 * 128, stride_s=8 * 128, stride_h=128)
+        made = (pages.instantiate(num_pages=7, heads=8, stride_page=16 * 8 * 128, stride_row=8 * 128, stride_h=128)
+                if pages else getattr(plan, op).tensor_map.instantiate(batch=3, seq_len=1024, heads=8,
+                                                                       stride_b=1024 * 8 * 128, stride_s=8 * 128,
+                                                                       stride_h=128))
+        value = lambda text: int(eval(str(text), {"__builtins__": {}}, names))  # noqa: E731,S307 - our own strings
+        assert [value(d) for d in maps[op]["dims"]] == list(made.dims)
+        assert [value(s) for s in maps[op]["strides_bytes"]] == list(made.strides_bytes)
+        assert maps[op]["box"] == list(made.box)
+    assert ("page_table" in built.manifest()["global_layout"]) == bool(page)

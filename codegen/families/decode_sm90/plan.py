@@ -617,13 +617,29 @@ class Plan:
 
     mapped_operands = ("k", "v")  # q and o are read and written without tensor maps
 
+    def manifest_tensor_maps(self) -> dict:
+        """K's and V's maps as the launcher encodes them: the dense cache's, a page's (num_pages, page_rows, H_kv, D)
+        with the page's box, or none where the producer gathers the rows by address."""
+        if self.spec.gather:
+            return {}
+        out = {}
+        for op in self.mapped_operands:
+            pages = getattr(self, f"{op}_pages")
+            described = pages.describe() if pages is not None else getattr(self, op).tensor_map.describe()
+            names = {"H": "H_kv"} if pages is not None else {"S": "S_max", "H": "H_kv", "B": "B_cache"}
+            out[op] = dict(described, dims=[names.get(d, d) for d in described["dims"]])
+        return out
+
     def grid_description(self) -> dict:
         return self.abi.grid.describe("splits", "batch")
 
     def global_layout(self) -> str:
         s = self.spec
-        return (f"q, o: (B, {s.q_len}, {s.heads}, {s.head_dim}); k_cache, v_cache: (B_cache >= B, S_max, {s.kv_heads}, "
-                f"{s.head_dim}), any 16-byte strides with the head dim contiguous; cache_seqlens: int32 (B,); "
+        cache = (f"k_cache, v_cache: (num_pages, {s.page_size}, {s.kv_heads}, {s.head_dim}) pages, page_table: int32 "
+                 f"(B, max_pages) of page indices in key order" if s.page_size else
+                 f"k_cache, v_cache: (B_cache >= B, S_max, {s.kv_heads}, {s.head_dim})")
+        return (f"q, o: (B, {s.q_len}, {s.heads}, {s.head_dim}); {cache}, any 16-byte strides with the head dim "
+                f"contiguous; cache_seqlens: int32 (B,); "
                 f"lse: (B, {s.heads}, {s.q_len}) float32; workspace: float (B, grid.y, splits, {self.block_m}, "
                 f"{s.head_dim} + 1) and int (B, grid.y) when splits > 1")
 
