@@ -294,22 +294,21 @@ def test_unread_offsets_need_positive_int_max_lengths(max_len):
         attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=max_len)
 
 
-@pytest.mark.parametrize("tuning", [{"persistent": False}, {"persistent": True}])
-def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monkeypatch):
-    """attention()'s cached varlen launcher and prepare() pass the kernel the same arguments, but for the per-call
-    outputs and the tile counter; the launcher writes each call's offsets and o by address (CPU, faked launch)."""
-    import ctypes
+def fake_gpu(monkeypatch) -> list:
+    """attention() on the CPU as if on an H100: no device checks, a faked kernel load, tensor maps and launch (each
+    launch's arguments appended to the list returned), empty launcher caches."""
     import hashlib
     from types import SimpleNamespace
 
     from codegen import api, driver, launcher
     from codegen.families import make_plan
 
-    monkeypatch.setattr(api, "_check_device", lambda t: None)  # as if on an H100
+    monkeypatch.setattr(api, "_check_device", lambda t: None)
     monkeypatch.setattr(api, "_current_stream", lambda device: 7)
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
     monkeypatch.setattr(api, "_loaded", lambda key: (SimpleNamespace(plan=make_plan(key.spec), spec=key.spec),
                                                      SimpleNamespace(dynamic_smem=0, context_handle=1, function_handle=2)))
+    monkeypatch.setattr(api, "_LAUNCHERS", {})
     monkeypatch.setattr(api, "_VARLEN_LAUNCHERS", {})
     monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
         repr((params, address)).encode()).digest() * 2)
@@ -319,6 +318,18 @@ def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monk
     monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)
     launches = []
     monkeypatch.setattr(launcher, "_lib_launch", lambda *a: launches.append(a) or 0)
+    return launches
+
+
+@pytest.mark.parametrize("tuning", [{"persistent": False}, {"persistent": True}])
+def test_a_varlen_call_launches_with_the_arguments_prepare_lays_out(tuning, monkeypatch):
+    """attention()'s cached varlen launcher and prepare() pass the kernel the same arguments, but for the per-call
+    outputs and the tile counter; the launcher writes each call's offsets and o by address (CPU, faked launch)."""
+    import ctypes
+
+    from codegen import api
+
+    launches = fake_gpu(monkeypatch)
 
     def values(args, names):
         return {n: ctypes.string_at(ctypes.addressof(h), ctypes.sizeof(h)) for n, h in zip(names, args.holders)}
@@ -383,28 +394,11 @@ def test_torch_compile_refuses_an_option_of_the_wrong_type_instead_of_converting
 def test_a_cached_launcher_is_not_found_by_an_equal_option_of_another_type(monkeypatch):
     """scale=np.float32(0.125) equals 0.125, but a first call refuses it: the cache's key holds the options' types,
     so the second call is checked, not launched (CPU, faked launch, as above)."""
-    import hashlib
-    from types import SimpleNamespace
-
     import numpy as np
 
-    from codegen import api, driver, launcher
-    from codegen.families import make_plan
+    from codegen import api
 
-    monkeypatch.setattr(api, "_check_device", lambda t: None)  # as if on an H100
-    monkeypatch.setattr(api, "_current_stream", lambda device: 7)
-    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(api, "_loaded", lambda key: (SimpleNamespace(plan=make_plan(key.spec), spec=key.spec),
-                                                     SimpleNamespace(dynamic_smem=0, context_handle=1, function_handle=2)))
-    monkeypatch.setattr(api, "_LAUNCHERS", {})
-    monkeypatch.setattr(driver, "encode_tensor_map", lambda params, address: hashlib.sha512(
-        repr((params, address)).encode()).digest() * 2)
-    monkeypatch.setattr(launcher, "stream_counter", lambda device, stream: (4096, None))
-    monkeypatch.setattr(launcher, "_load_driver_lib", lambda: None)
-    monkeypatch.setattr(launcher, "_lib_set_ctx", lambda handle: 0)
-    monkeypatch.setattr(launcher, "_lib_get_ctx", lambda pointer: 0)
-    launches = []
-    monkeypatch.setattr(launcher, "_lib_launch", lambda *a: launches.append(a) or 0)
+    launches = fake_gpu(monkeypatch)
     q, k, v = qkv()
     for _ in range(2):
         attention(q, k, v, scale=0.125)

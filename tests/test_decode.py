@@ -422,12 +422,10 @@ def test_a_tiles_splits_launch_as_one_cluster_up_to_the_portable_size(monkeypatc
                         ("attend", plan.grid(2, 1), plan.threads, None, True)]
 
 
-def test_a_launchers_workspace_lives_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
-    """Eager launches on a stream share one workspace in driver.DeviceBuffers (not torch's pools, which CUDA-graph
-    warm-ups reclaim), its counter zeroed on that stream; a launch under capture gets fresh tensors every time
-    (the graph's); a cluster of pushing splits needs none."""
-    torch = pytest.importorskip("torch")
-    from codegen import decode, driver, launcher
+def fake_device_buffers(monkeypatch) -> list:
+    """driver.DeviceBuffer as a recorder: each buffer's size, a made-up address (4096 apart) and the streams it was
+    zeroed on, in the order they were made (the list returned)."""
+    from codegen import driver
 
     made = []
 
@@ -439,11 +437,23 @@ def test_a_launchers_workspace_lives_outside_torch_and_a_captured_launch_gets_it
         def zero(self, stream):
             self.zeroed.append(stream)
 
+    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
+    return made
+
+
+def test_a_launchers_workspace_lives_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
+    """Eager launches on a stream share one workspace in driver.DeviceBuffers (not torch's pools, which CUDA-graph
+    warm-ups reclaim), its counter zeroed on that stream; a launch under capture gets fresh tensors every time
+    (the graph's); a cluster of pushing splits needs none."""
+    torch = pytest.importorskip("torch")
+    from codegen import decode, launcher
+
+    made = fake_device_buffers(monkeypatch)
+
     class FakeConfiguredLaunch:
         def __init__(self, *args):
             pass
 
-    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
     monkeypatch.setattr(launcher, "ConfiguredLaunch", FakeConfiguredLaunch)
     capturing = {"on": False}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
@@ -798,19 +808,9 @@ def test_the_driver_gives_the_thread_its_own_context_back(monkeypatch):
 
 def test_the_forwards_tile_counters_live_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
     torch = pytest.importorskip("torch")
-    from codegen import driver, launcher
+    from codegen import launcher
 
-    made = []
-
-    class Buffer:
-        def __init__(self, nbytes, device_index):
-            self.nbytes, self.address, self.zeroed = nbytes, 4096 * (len(made) + 1), []
-            made.append(self)
-
-        def zero(self, stream):
-            self.zeroed.append(stream)
-
-    monkeypatch.setattr(driver, "DeviceBuffer", Buffer)
+    made = fake_device_buffers(monkeypatch)
     monkeypatch.setattr(launcher, "_counters", {})
     capturing = {"on": False}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
