@@ -264,7 +264,7 @@ class DecodeLauncher:
         self._append_launch = kernel_launch(append_kernel, plan.append_grid(batch), plan.append_threads, None,
                                             self.overlap)
         self._strides_set = False
-        self._workspace: dict[int, tuple] = {}  # stream -> (addresses, the tensors at them)
+        self._workspace: dict[int, tuple] = {}  # stream -> (addresses, the DeviceBuffers at them)
         # Splits merge through the workspace (partial rows, and the last split's counter where not a cluster) unless
         # they push their rows into split 0's shared memory (a cluster launch of a push-merge plan): empty ones then.
         self._uses_workspace = splits > 1 and not (plan.push_merge and self.cluster is not None)
