@@ -118,3 +118,13 @@ def test_footprint_limits():
         check_footprint(SmemDescriptor("wgmma", 16, 16, 1024, Swizzle(32)), major="K", elem_bytes=2, rows=8, k=16)
     with pytest.raises(LayoutError, match="base offset"):
         check_footprint(SmemDescriptor("wgmma", 0, 16, 1024, SW128, base_offset=1), major="K", elem_bytes=2, rows=8, k=16)
+
+
+@pytest.mark.parametrize("kind, bit, message", [("wgmma", 46, "unused wgmma bits"), ("wgmma", 55, "unused wgmma bits"),
+                                                ("wgmma", 61, "unused wgmma bits"), ("tcgen05", 53, "bits 53-60"),
+                                                ("tcgen05", 60, "bits 53-60"), ("wgmma", 15, "reserved bits 14-15")])
+def test_decode_refuses_a_descriptor_with_a_bit_it_does_not_model(kind, bit, message):
+    good = SmemDescriptor(kind, 1024, 16, 1024, SW128).encode()
+    assert SmemDescriptor.decode(kind, good).encode() == good
+    with pytest.raises(LayoutError, match=message):
+        SmemDescriptor.decode(kind, good | 1 << bit)

@@ -369,3 +369,11 @@ def test_the_recipes_symbolic_dims_and_strides_are_its_instantiation(operand, ro
     assert tuple(map(value, described["dims"])) == tuple(made.dims)
     assert tuple(map(value, described["strides_bytes"])) == tuple(made.strides_bytes)
     assert tuple(described["box"]) == tuple(made.box)
+
+
+def test_a_128_byte_swizzled_tile_moves_16_bytes_at_a_time_along_its_columns():
+    """contiguous_run sets the store width of the O epilogue and decode's row copies: under a 128 B swizzle the
+    XOR reaches bit 4 of the byte offset, so 8 halves (16 bytes) stay consecutive and 16 do not."""
+    o = derive_operand("o", arch="sm_90a", head_dim=128, block_rows=64, dtype="f16")
+    assert o.layout.contiguous_run("n", 2) == 8
+    assert o.layout.contiguous_run("m", 2) == 1  # rows are 128 bytes apart: no run along m
