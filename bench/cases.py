@@ -341,8 +341,13 @@ def kernel_spec(case: Case):
                       kv_heads=case.kv_heads, **extra)
 
 
-def block_n_for(case: Case) -> int:
-    """The block_n codegen.families resolves for this shape (so the bench follows the generator's choice)."""
+def resolved_spec(case: Case):
+    """The kernel spec codegen.families resolves for this shape, with the generator's block_n and PV split (what
+    attention() runs): the bench follows the generator's choices."""
     from codegen.families import resolve
 
-    return resolve(kernel_spec(case)).block_n
+    return resolve(kernel_spec(case))
+
+
+def block_n_for(case: Case) -> int:
+    return resolved_spec(case).block_n

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from codegen.check import time_gpu, time_gpu_samples
-from .cases import Case, block_n_for, kernel_spec
+from .cases import Case, block_n_for, resolved_spec
 from .config import BenchConfig
 from .inputs import Inputs, make_inputs
 from .peers import Peer, Unavailable, peer_names, peers_for
@@ -357,12 +357,10 @@ def default_splits(config: BenchConfig) -> dict[Case, tuple[int, ...]]:
     the splits were asked for by hand (--split: the fastest of them is reported) or the spec does not resolve."""
     if config.splits or "flashgen" not in config.peers:
         return {}
-    from codegen.families import resolve
-
     out = {}
     for case in config.cases:
         try:
-            out[case] = tuple(resolve(kernel_spec(case)).pv_split)
+            out[case] = tuple(resolved_spec(case).pv_split)
         except Exception:  # noqa: BLE001 - the case's own rows say what is wrong with it
             continue
     return out

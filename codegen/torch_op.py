@@ -93,10 +93,15 @@ def _eager_attention(q, k, v, options):
     return api.attention(q, k, v, return_lse=True, **options)
 
 
-try:
-    _eager_attention = torch.compiler.disable(_eager_attention, reason=f"flashgen: {UNTRACED} runs eagerly")
-except TypeError:  # a torch whose disable() takes no reason
-    _eager_attention = torch.compiler.disable(_eager_attention)
+def _graph_break(fn, untraced: str):
+    """fn run outside torch.compile's graph (a break dynamo names, saying why), for calls an op cannot carry."""
+    try:
+        return torch.compiler.disable(fn, reason=f"flashgen: {untraced} runs eagerly")
+    except TypeError:  # a torch whose disable() takes no reason
+        return torch.compiler.disable(fn)
+
+
+_eager_attention = _graph_break(_eager_attention, UNTRACED)
 
 
 def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_split, sinks, cu_seqlens_q, cu_seqlens_k,
@@ -195,10 +200,7 @@ def _eager_kvcache(q, k_cache, v_cache, cache_seqlens, options):
     return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, **options)
 
 
-try:
-    _eager_kvcache = torch.compiler.disable(_eager_kvcache, reason=f"flashgen: {KVCACHE_UNTRACED} runs eagerly")
-except TypeError:  # a torch whose disable() takes no reason
-    _eager_kvcache = torch.compiler.disable(_eager_kvcache)
+_eager_kvcache = _graph_break(_eager_kvcache, KVCACHE_UNTRACED)
 
 
 def compiled_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new, v_new, page_table, return_lse, out,

@@ -275,7 +275,7 @@ def test_default_splits_are_the_resolved_specs_and_none_for_hand_picked_splits()
     defaults = default_splits(config)
     assert set(defaults) == set(config.cases)
     for case, split in defaults.items():
-        assert split == tuple(resolve(kernel_spec(case)).pv_split)
+        assert split == tuple(resolve(kernel_spec(case)).pv_split)  # what attention() resolves for the shape
     assert default_splits(parse_config(["--shape", "1,1024,64,128", "--split", "64,64"])) == {}
 
 
