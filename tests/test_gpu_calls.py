@@ -136,6 +136,26 @@ def test_cuda_graph_replays_with_refilled_inputs():
         assert_matches(q, k, v, out)
 
 
+
+@pytest.mark.parametrize("shape, causal", [((2, 4096, 16, 128), False),   # per-tile grid (policy v35)
+                                           ((2, 1024, 16, 128), False),   # persistent: the tile counter
+                                           ((2, 1024, 8, 64), True)])     # persistent, causal tiles
+def test_torch_compile_reduce_overhead_replays_with_fresh_inputs(shape, causal):
+    """mode="reduce-overhead": inductor records the call in its own CUDA graph pool and replays it; the launcher's
+    per-stream tile counter must survive that (it lives outside torch's pools). Each replay gets fresh inputs and
+    its output buffer, poisoned before, is checked against float64."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=causal), mode="reduce-overhead",
+                             fullgraph=True)
+    out = None
+    for _ in range(4):  # warm-up, record, two replays
+        q, k, v = (rand(*shape) for _ in range(3))
+        if out is not None:
+            out.fill_(float("nan"))
+        out = compiled(q, k, v)
+        torch.cuda.synchronize()
+        assert_matches(q, k, v, out, causal=causal)
+
 @pytest.mark.parametrize("kv_heads, causal", [(16, False), (4, True)])
 def test_sdpa_drop_in(kv_heads, causal):
     q = rand(2, 16, 300, 128)

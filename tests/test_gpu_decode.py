@@ -695,3 +695,52 @@ def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
         def __call__(self):
             step.out = compiled(q, k, v, seqlens, step.k_new, step.v_new)
     decode_steps(Compiled(), q, lambda: (k, v), seqlens, lambda: step.out, steps=2, new=new)
+
+
+
+def test_a_decode_step_compiled_for_cuda_graphs_replays_as_the_lengths_advance():
+    """torch.compile(mode="reduce-overhead"): inductor captures the step in its own CUDA graphs (the launcher's
+    workspace and counters must not come from a pool the capture reclaims; 16 plain splits use both) and replays it
+    with the lengths the device holds then. Rows past a step's lengths are finite but differ from any it may read,
+    and NaN past the last step's."""
+    torch._dynamo.reset()
+    from codegen import decode
+
+    decode._LAUNCHERS.clear()
+    start, steps, grow = [130, 7], 4, 97
+    k, v = make_cache(2, 2048, 8, 128, [n + grow * (steps - 1) for n in start], torch.bfloat16, seed=13)
+    seqlens = torch.tensor(start, dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(lambda q, k, v, n: attention_with_kvcache(q, k, v, n, return_lse=True, num_splits=16),
+                             mode="reduce-overhead", fullgraph=True)
+    out = ()
+    for _ in range(steps):
+        q.copy_(torch.randn_like(q))
+        for t in out:  # the graph's outputs of the last replay: a replay that writes nothing leaves NaN
+            t.fill_(float("nan"))
+        out = compiled(q, k, v, seqlens)
+        torch.cuda.synchronize()
+        assert_matches_float64(*out, q, k, v, seqlens.tolist(), dict(causal=True))
+        seqlens += grow
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.cluster is None and launcher.splits == 16
+
+
+def test_a_decode_step_with_an_append_compiled_for_cuda_graphs_matches_float64():
+    """The same mode with an append: the caches are inputs the step mutates (inductor may run such a graph
+    outside CUDA graphs); each step's new rows land in place and nothing else changes."""
+    torch._dynamo.reset()
+    k, v = make_cache(2, 512, 8, 128, [33, 400], torch.bfloat16, seed=14)
+    seqlens = torch.tensor([33, 400], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    step = Step(q, k, v, seqlens, 1)
+    compiled = torch.compile(lambda q, k, v, n, kn, vn: attention_with_kvcache(q, k, v, n, k_new=kn, v_new=vn,
+                                                                               return_lse=True),
+                             mode="reduce-overhead", fullgraph=True)
+
+    class Compiled:
+        refill = staticmethod(step.refill)
+
+        def __call__(self):
+            step.out = compiled(q, k, v, seqlens, step.k_new, step.v_new)
+    decode_steps(Compiled(), q, lambda: (k, v), seqlens, lambda: step.out, steps=4, new=1)
