@@ -136,7 +136,6 @@ def test_cuda_graph_replays_with_refilled_inputs():
         assert_matches(q, k, v, out)
 
 
-
 @pytest.mark.parametrize("shape, causal", [((2, 4096, 16, 128), False),   # per-tile grid (policy v35)
                                            ((2, 1024, 16, 128), False),   # persistent: the tile counter
                                            ((2, 1024, 8, 64), True)])     # persistent, causal tiles
@@ -155,6 +154,7 @@ def test_torch_compile_reduce_overhead_replays_with_fresh_inputs(shape, causal):
         out = compiled(q, k, v)
         torch.cuda.synchronize()
         assert_matches(q, k, v, out, causal=causal)
+
 
 @pytest.mark.parametrize("kv_heads, causal", [(16, False), (4, True)])
 def test_sdpa_drop_in(kv_heads, causal):

@@ -697,7 +697,6 @@ def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
     decode_steps(Compiled(), q, lambda: (k, v), seqlens, lambda: step.out, steps=2, new=new)
 
 
-
 def test_a_decode_step_compiled_for_cuda_graphs_replays_as_the_lengths_advance():
     """torch.compile(mode="reduce-overhead"): inductor captures the step in its own CUDA graphs (the launcher's
     workspace and counters must not come from a pool the capture reclaims; 16 plain splits use both) and replays it
