@@ -235,3 +235,17 @@ def test_stream_probe_compiles(tmp_path, nvcc, name):
     result = subprocess.run([nvcc, "-O3", "-arch=sm_90a", "-std=c++17", "-c", str(probe), "-o", str(tmp_path / "probe.o")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"nvcc failed:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.mark.parametrize("spec", [CANONICAL[0], VARLEN[0], SINKS[0], DECODE[0], DECODE[3]], ids=lambda s: s.name)
+def test_every_example_checks_lse_and_fails_on_it(spec, tmp_path):
+    """The example poisons lse before the launch, its reference kernel writes the float32 logsumexp, and a value
+    off (templates/export/check.j2's lse_off) fails the run as a wrong o does; a decode example passes its sinks."""
+    export_bundle(spec, tmp_path)
+    example = (tmp_path / "example.cu").read_text()
+    assert "static long long lse_off(" in example and "= lse_off(got_lse, want_lse);" in example
+    assert "CHECK(cudaMemset(lse, 0xff, n_lse * sizeof(float)));" in example
+    assert "= m + logf(l);" in example  # the reference's logsumexp, the sink (if any) joined
+    assert "lse_bad == 0 && rel <" in example
+    if isinstance(spec, DecodeSpec):
+        assert example.count("kn, sn, vn, sn, sinks, batch,") == 2 and "nullptr, batch, s" not in example
