@@ -63,17 +63,22 @@ def current(ctx):
 
 
 class DeviceBuffer:
-    """Device memory from cuMemAlloc, outside torch's caching allocator, freed (cuMemFree) with this object: state a
-    launcher keeps across calls (tile counters, merge workspaces). Allocated through torch, it could come from a
-    private pool that torch.compile's CUDA graphs (mode="reduce-overhead") open around their warm-up and later
-    reclaim, while the launcher still launches on its address."""
+    """Device memory from cuMemAlloc, outside torch's caching allocator: state a launcher keeps across calls (tile
+    counters, merge workspaces). Allocated through torch, it could come from a private pool that torch.compile's
+    CUDA graphs (mode="reduce-overhead") open around their warm-up and later reclaim, while the launcher still
+    launches on its address.
+
+    A dead buffer's memory is retired, not freed: the garbage collector may run its finalizer in the middle of a
+    CUDA graph capture (torch no longer collects before one), where cuMemFree invalidates the capture. Retired
+    memory is freed when the next buffer is allocated; callers allocate only outside a capture."""
 
     def __init__(self, nbytes: int, device_index: int):
+        release_retired()
         self.context = context(device_index)
         with current(self.context):
             self.address = int(check(cu.cuMemAlloc(max(int(nbytes), 4)), "cuMemAlloc"))
         self.nbytes = int(nbytes)
-        weakref.finalize(self, _free_device_memory, self.context, self.address)
+        weakref.finalize(self, _retired.append, (self.context, self.address))
 
     def zero(self, stream: int) -> None:
         """Zeros in, ordered on `stream` before whatever is launched on it next."""
@@ -81,12 +86,18 @@ class DeviceBuffer:
             check(cu.cuMemsetD8Async(self.address, 0, max(self.nbytes, 4), stream), "cuMemsetD8Async")
 
 
-def _free_device_memory(ctx, address: int) -> None:
-    try:
-        with current(ctx):
-            cu.cuMemFree(address)
-    except Exception:  # noqa: BLE001 - at interpreter exit the context may already be gone
-        pass
+_retired: list[tuple[object, int]] = []  # (context, address) of dead DeviceBuffers; list.append is atomic
+
+
+def release_retired() -> None:
+    """cuMemFree the memory of dead DeviceBuffers. Call it outside any CUDA graph capture."""
+    while _retired:
+        ctx, address = _retired.pop()
+        try:
+            with current(ctx):
+                cu.cuMemFree(address)
+        except Exception:  # noqa: BLE001 - at interpreter exit the context may already be gone
+            pass
 
 
 @dataclass(frozen=True)

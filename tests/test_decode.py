@@ -806,6 +806,34 @@ def test_the_driver_gives_the_thread_its_own_context_back(monkeypatch):
     assert state["current"] == 7  # given back on an error too
 
 
+def test_a_dead_device_buffer_is_freed_at_the_next_allocation_never_by_its_finalizer(monkeypatch):
+    """The garbage collector may finalize a launcher's buffer during a CUDA graph capture, where cuMemFree
+    invalidates the capture: a finalizer makes no driver call, and the next allocation (outside any capture, as its
+    callers make sure) frees what died."""
+    import gc
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as cu
+
+    from codegen import driver
+
+    ok, calls, addresses = cu.CUresult.CUDA_SUCCESS, [], iter(range(4096, 1 << 20, 4096))
+    monkeypatch.setattr(driver, "context", lambda index: 7)
+    monkeypatch.setattr(driver, "_retired", [])
+    monkeypatch.setattr(driver, "cu", SimpleNamespace(
+        cuCtxGetCurrent=lambda: (ok, 7), CUresult=cu.CUresult,
+        cuMemAlloc=lambda n: calls.append(("alloc", n)) or (ok, next(addresses)),
+        cuMemFree=lambda address: calls.append(("free", address)) or (ok,)))
+    a = driver.DeviceBuffer(100, 0)
+    cycle = {"buffer": a}
+    cycle["self"] = cycle  # freed only by the collector, as a launcher held by a traceback's frames is
+    del a, cycle
+    gc.collect()
+    assert calls == [("alloc", 100)] and driver._retired == [(7, 4096)]
+    b = driver.DeviceBuffer(8, 0)
+    assert calls == [("alloc", 100), ("free", 4096), ("alloc", 8)] and b.address == 8192 and driver._retired == []
+
+
 def test_the_forwards_tile_counters_live_outside_torch_and_a_captured_launch_gets_its_own(monkeypatch):
     torch = pytest.importorskip("torch")
     from codegen import launcher

@@ -679,6 +679,49 @@ def test_a_decode_step_captured_in_a_cuda_graph_replays_as_the_lengths_advance(b
     decode_steps(Replay(), q, caches, seqlens, lambda: step.out, steps=3, new=new)
 
 
+def test_a_launcher_collected_during_a_capture_leaves_the_capture_whole():
+    """torch.cuda.graph no longer collects garbage before it captures, so a dead launcher (held by a reference
+    cycle, as a traceback's frames hold one) may be finalized mid-capture: its workspace must not be freed there
+    (cuMemFree invalidates the capture). Its memory is freed at the next allocation outside the capture."""
+    import gc
+
+    from codegen import decode, driver
+
+    decode._LAUNCHERS.clear()
+    lengths = [4096, 1000]
+    k, v = make_cache(2, 4096, 8, 128, lengths, torch.bfloat16, seed=13)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    gc.disable()  # the cycle below dies in the capture, not at an allocation before it
+    try:
+        with torch.cuda.stream(stream):
+            attention_with_kvcache(q, k, v, seqlens, num_splits=16)  # 16 plain splits: a workspace of DeviceBuffers
+            (dead,) = decode._LAUNCHERS.values()
+            assert dead._workspace and dead.cluster is None
+            cycle = [dead]
+            cycle.append(cycle)
+            del dead, cycle
+            decode._LAUNCHERS.clear()
+            attention_with_kvcache(q, k, v, seqlens, num_splits=8)  # compiled and loaded outside the capture
+        stream.synchronize()
+        retired = len(driver._retired)
+        graph = torch.cuda.CUDAGraph()
+        out = torch.full_like(q, float("nan"))
+        with torch.cuda.graph(graph, stream=stream):
+            assert gc.collect() > 0
+            o, lse = attention_with_kvcache(q, k, v, seqlens, num_splits=8, out=out, return_lse=True)
+        assert len(driver._retired) >= retired + 3  # the dead workspace's partial rows, lse and counter
+    finally:
+        gc.enable()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches_float64(o, lse, q, k, v, lengths, dict(causal=True, window=None, softcap=0.0, sinks=None))
+    fresh = driver.DeviceBuffer(4, torch.cuda.current_device())
+    assert driver._retired == [] and fresh.address
+
+
 def test_a_compiled_decode_step_matches_float64_and_appends_in_place():
     torch._dynamo.reset()
     batch, new = 2, 2
