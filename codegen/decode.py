@@ -348,6 +348,7 @@ class DecodeLauncher:
         for name, t in (("q", q),) + ((("k_cache", k_cache), ("v_cache", v_cache)) if self._gathered else ()):
             self._set_byte_strides(h, name, t)
         h["page_table_stride"].value = 0 if page_table is None else page_table.stride(0)
+        h["page_table_cols"].value = 0 if page_table is None else page_table.shape[1]
         h["new_tokens"].value = 0 if k_new is None else q.shape[1]
         if k_new is not None:
             a = self._append_holder

@@ -357,7 +357,7 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
         call._maps = {op: type("Maps", (), {"get": lambda self, address: bytes(128)})() for op in ("k", "v")}
     monkeypatch.setattr(call, "_workspace_for", lambda stream, device: ((7, 8, 9), ()))
     q, k, v = _Tensor(100, (999, 99, 9)), _Tensor(300, (1000, 100, 10)), _Tensor(400, (2000, 200, 20))
-    k_new, v_new, table = _Tensor(500, (11, 12, 13)), _Tensor(600, (21, 22, 23)), _Tensor(700, (77,))
+    k_new, v_new, table = _Tensor(500, (11, 12, 13)), _Tensor(600, (21, 22, 23)), _Tensor(700, (77,), (2, 66))
     for o, lengths in ((_Tensor(200, (555, 55, 5)), _Tensor(800)), (_Tensor(201, (444, 44, 4)), _Tensor(801))):
         call(0, q, k, v, lengths, k_new, v_new, None, o, None, table)
         h = {name: holder.value for name, holder in call._holder.items() if hasattr(holder, "value")}
@@ -368,6 +368,7 @@ def test_the_launcher_writes_each_call_s_pointers_and_strides_into_the_abi(gathe
         assert (h["o_gmem"], h["o_batch_bytes"], h["o_row_bytes"], h["o_head_bytes"]) == (
             o.address, o.strides[0] * e, o.strides[1] * e, o.strides[2] * e)
         assert (h["cache_seqlens"], h["page_table"], h["page_table_stride"], h["new_tokens"]) == (lengths.address, 700, 77, 3)
+        assert h["page_table_cols"] == 66  # the early load's bound: the table's columns, not its stride
         assert (h["ws_o"], h["ws_lse"], h["split_counter"], h["lse_out"], h["sinks"]) == (7, 8, 9, 0, 0)
         if gather:
             assert (h["k_cache_gmem"], h["v_cache_gmem"], h["v_cache_row_bytes"]) == (300, 400, 200 * e)

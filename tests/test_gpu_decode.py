@@ -261,6 +261,36 @@ def test_paged_caches_match_float64(page, sq, num_splits):
     assert failure is None, failure
 
 
+@pytest.mark.parametrize("page, sq, heads, num_splits", [
+    (16, 1, 32, 0), (16, 4, 32, 5), (128, 1, 32, 3), (64, 2, 32, 8), (32, 1, 32, 1),
+    (16, 16, 64, 3),   # 128 packed rows: the plain consumer (the others are swapped)
+])
+def test_page_table_entries_past_a_sequence_are_never_trusted(page, sq, heads, num_splits):
+    """A split's first block is loaded before the length is read (plan.early_load), by page-table entries the
+    length may rule out. Past each sequence's pages the table holds what a user's unused entries may: -1, a huge
+    index, another sequence's page, the pool's NaN spare page; none of it may reach o or lse (check=True reads
+    only the entries the lengths use, so it accepts them)."""
+    from codegen import decode
+
+    decode._LAUNCHERS.clear()
+    lengths = [0, 1, page, 3 * page + 5, 1024 - sq]
+    k, v = make_cache(5, 1024, 8, 128, lengths, torch.bfloat16, seed=9)
+    pk, table = to_pages(k, page, seed=3)
+    pv, _ = to_pages(v, page, seed=3)
+    spare = (set(range(pk.shape[0])) - set(table.flatten().tolist())).pop()
+    junk = [-1, 2**31 - 1, int(table[4, 0]), spare]
+    for b, n in enumerate(lengths):
+        for i in range(-(-n // page), table.shape[1]):
+            table[b, i] = junk[(b + i) % len(junk)]
+    q = torch.randn(5, sq, heads, 128, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = attention_with_kvcache(q, pk, pv, seqlens, page_table=table, num_splits=num_splits, out=out,
+                                    return_lse=True, check=True)
+    assert_matches_float64(o, lse, q, k, v, lengths, dict(causal=True))
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.early_load and bool(launcher.plan.spec.swap) == (heads == 32)  # 4-16 rows swapped
+
 @pytest.mark.parametrize("page", [1, 4, 16, 128])
 def test_paged_append_writes_its_pages_only(page):
     lengths = [0, page - 1, 1024 - 5]
@@ -695,6 +725,7 @@ def test_a_launcher_collected_during_a_capture_leaves_the_capture_whole():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     gc.disable()  # the cycle below dies in the capture, not at an allocation before it
+    gc.collect()  # what earlier tests left (a dead CUDA graph destroyed mid-capture would invalidate it too)
     try:
         with torch.cuda.stream(stream):
             attention_with_kvcache(q, k, v, seqlens, num_splits=16)  # 16 plain splits: a workspace of DeviceBuffers

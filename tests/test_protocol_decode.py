@@ -178,10 +178,15 @@ def test_a_split_with_no_block_waits_for_its_early_loads(monkeypatch):
     exchange would write over the ring with those loads in flight: the model refuses it, and with the waits it
     passes, for every real plan that loads early."""
     early = [n for n, spec in REAL.items() if make_plan(spec).early_load]
-    assert early and not make_plan(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=16)).early_load
-    assert not make_plan(DecodeSpec(heads=32, kv_heads=8, head_dim=128, window=(64, 0))).early_load
-    for name in early:
-        protocol.check(make_plan(REAL[name]), 0, schedules=30)
+    base = DecodeSpec(heads=32, kv_heads=8, head_dim=128)
+    # TMA pages, a page of the first block per issuing lane: loaded before the length too (d31)
+    paged = [base.replace(page_size=16), base.replace(page_size=128), base.replace(page_size=16, q_len=4)]
+    assert early and all(make_plan(spec).early_load for spec in paged)
+    assert not make_plan(base.replace(window=(64, 0))).early_load  # the first block moves with the length
+    assert not make_plan(base.replace(page_size=4, gather=True)).early_load  # copies by address: no guessed page
+    assert not make_plan(base.replace(page_size=1, block_n=176)).early_load  # six pages a lane: producer spills
+    for plan in [make_plan(REAL[name]) for name in early] + [make_plan(spec) for spec in paged]:
+        protocol.check(plan, 0, schedules=30)
     real = protocol.programs
 
     def no_wait(plan, count, **kwargs):
@@ -229,7 +234,24 @@ def test_the_model_waits_on_what_the_kernel_waits_on():
         assert plan.early_load and "constexpr bool kEarlyLoad = true;" in source
         assert "if (w.count == 0) mbar_wait(bar(bars, kBarKFull), 0), mbar_wait(bar(bars, kBarVFull), 0);" in bodies["consumer"]
         assert [s.barrier for s in protocol.programs(plan, 0)["consumer0"] if s.kind == "wait"] == ["KFull[0]", "VFull[0]"]
-        assert "load_first_block(args, w, smem, bars);" in source
+        assert "load_first_block(args, w, smem, bars, threadIdx.x);" in source
+
+
+def test_a_paged_kernel_loads_its_first_block_by_every_issuing_lane_and_the_tables_row():
+    """What the model does not see (it has no pages or lanes): a paged early load is issued by every lane that
+    loads a block's pages (one lane would arm all of the block's bytes and load one page: a hang), bounded by the
+    table's row (not the length, which is unread then), and the producer's loop starts at block 1 with block 1's
+    pages (block 0's again would load the wrong keys)."""
+    plan = make_plan(DecodeSpec(heads=32, kv_heads=8, head_dim=128, page_size=16))
+    assert plan.early_load and plan.page_lanes == plan.producer_threads == 32
+    source = render(plan, families.get("decode_sm90")).source
+    assert "if (threadIdx.x < cfg::kProducerThreads) load_first_block(args, w, smem, bars, threadIdx.x);" in source
+    first = re.search(r"__forceinline__ void load_first_block\((.*?)\n}\n", source, flags=re.S).group(1)
+    assert "args.page_table_cols * cfg::kPageRowsOr1, lane);" in first
+    producer = re.search(r"__forceinline__ void producer\((.*?)\n}\n", source, flags=re.S).group(1)
+    assert "constexpr int kNext = cfg::kEarlyLoad ? 1 : 0;" in producer
+    assert "pages = read_block_pages(table, w.key0(kNext), w.len, lane);" in producer
+    assert "for (int j = cfg::kEarlyLoad ? 1 : 0; j < w.count; ++j)" in producer
 
 
 def test_the_model_counts_arrivals_from_the_plan():

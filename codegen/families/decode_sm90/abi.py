@@ -30,6 +30,9 @@ _PARAMS = (
     Param("sinks", "const float* __restrict__", Pack.POINTER,
           "float (H,): a logit per query head joining every row's softmax denominator; null: none", "sinks"),
     *_PAGES,
+    Param("page_table_cols", "int", Pack.I32, "entries in a row of page_table (max_pages; 0: dense): the bound of "
+          "the first block's page reads, made before the sequence's length is known (plan.early_load)",
+          "page_table_cols"),
     Param("splits", "int", Pack.I32, "CTAs sharing each tile's key blocks (1: no merge)", "splits"),
     Param("ws_o", "float* __restrict__", Pack.POINTER,
           "float (B, grid.y, splits, block_m, D): each split's normalized O (splits > 1)", "ws_o"),

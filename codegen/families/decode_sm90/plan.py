@@ -470,11 +470,14 @@ class Plan:
 
     @property
     def early_load(self) -> bool:
-        """Whether a split's first key block is known before the sequence's length is read, so that thread 0 can
-        load it first (the read cost ~0.4 us before the first load at batch 1, bench/LOG.md d16): split s starts
-        at block s (measure_work), on a dense cache (a page needs the page table) with no left window bound (that
-        one moves the first block with the length)."""
-        return not self.spec.page_size and self.window_bounds[0] < 0
+        """Whether a split's first key block is known before the sequence's length is read, so that the producer
+        can load it first (the read cost ~0.4 us before the first load at batch 1, bench/LOG.md d16): split s starts
+        at block s (measure_work) where no left window bound moves the first block with the length. A paged cache's
+        TMA loads take that block's page-table entries unclamped by the length (a page past it is masked, one past
+        the pool a zero-filled box; d31) where each issuing lane has one page of it (more spill the producer's
+        registers: a block of 176 one-row pages); a gathered copy reads by address, so it waits for the length."""
+        paged_ok = not self.spec.page_size or (not self.spec.gather and self.pages_per_lane == 1)
+        return paged_ok and self.window_bounds[0] < 0
 
     @property
     def window_bounds(self) -> tuple[int, int]:
