@@ -90,9 +90,13 @@ _retired: list[tuple[object, int]] = []  # (context, address) of dead DeviceBuff
 
 
 def release_retired() -> None:
-    """cuMemFree the memory of dead DeviceBuffers. Call it outside any CUDA graph capture."""
-    while _retired:
-        ctx, address = _retired.pop()
+    """cuMemFree the memory of dead DeviceBuffers. Call it outside any CUDA graph capture (in any thread: a global-mode
+    capture forbids frees process-wide)."""
+    while True:
+        try:
+            ctx, address = _retired.pop()  # atomic: another thread may be releasing too
+        except IndexError:
+            return
         try:
             with current(ctx):
                 cu.cuMemFree(address)
