@@ -459,13 +459,19 @@ def sdpa_peer(impl: str, case: DecodeCase, forms: dict):
                 call=make if yardstick else None, yardstick=yardstick)
 
 
-def paged_copy(torch, k, page_size: int, seed: int = 0, shuffled: bool = True):
-    """A full dense cache (B, S, H_kv, D) as a paged one, its pages in a shuffled order (`shuffled` False: in key
-    order, the dense cache's bytes where they were, to tell the pages' scatter from the kernel): (pages, page_table)."""
+def paged_copy(torch, k, page_size: int, seed: int = 0, span: int = 0):
+    """A full dense cache (B, S, H_kv, D) as a paged one: (pages, page_table). Its pages are shuffled within runs of
+    `span` pool pages (0: over the whole pool; 1: in key order, the dense cache's bytes where they were, to tell the
+    pages' scatter from the kernel; between: how far the scatter reaches, e.g. within a 2 MB translation page)."""
     batch, length = k.shape[:2]
     per = length // page_size
-    order = (torch.randperm(batch * per, generator=torch.Generator().manual_seed(seed)) if shuffled
-             else torch.arange(batch * per))
+    total = batch * per
+    span = span or total
+    if not (span > 0 and total % span == 0):
+        raise ValueError(f"span {span} must divide the pool's {total} pages")
+    gen = torch.Generator().manual_seed(seed)
+    order = (torch.arange(0, total, span).repeat_interleave(span)
+             + torch.cat([torch.randperm(span, generator=gen) for _ in range(total // span)]))
     table = order.view(batch, per).to(torch.int32).to(k.device)
     pages = torch.empty((batch * per, page_size) + tuple(k.shape[2:]), dtype=k.dtype, device=k.device)
     pages[table.flatten().long()] = k.reshape(batch * per, page_size, *k.shape[2:])

@@ -5,7 +5,8 @@
     python3 scripts/decode_ab.py --case 32,8192 --heads 32/8 --dim 128 --variant n64:block_n=64,stages=4
 
 A case is B,S_K (full caches, S_q from --q-len; `--page-size P`: flashgen reads them as shuffled pages of P rows,
-bench.decode.paged_copy, or pages in key order with `--in-order`, while cuDNN reads the dense copy); a variant
+bench.decode.paged_copy, pages in key order with `--in-order`, or shuffled within runs of N pool pages with
+`--shuffle-span N`, while cuDNN reads the dense copy); a variant
 NAME:KNOB=VALUE,... with attention_with_kvcache's keywords (num_splits, block_n, stages). Each round times every
 variant and cuDNN (SDPA, enable_gqa, the cache as (B,H,S,D) views) by CUDA events over --iters calls behind a GPU
 sleep, rounds interleaved; the median of the rounds is printed with the K+V read rate. For quick decisions
@@ -39,6 +40,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--page-size", type=int, default=0, help="flashgen reads a paged copy (0: the dense cache)")
     parser.add_argument("--in-order", action="store_true",
                         help="the paged copy's pages in key order, not shuffled (what the pages' scatter costs)")
+    parser.add_argument("--shuffle-span", type=int, default=0, metavar="N",
+                        help="shuffle the paged copy's pages only within runs of N pool pages (how far the scatter "
+                             "must reach to cost; 0: the whole pool)")
     parser.add_argument("--head-major", action="store_true",
                         help="dense caches stored (B, H_kv, S, D), each head's rows contiguous, and passed to both "
                              "sides as views: what the (B, S, H_kv, D) layout's interleaved heads cost")
@@ -50,8 +54,10 @@ def main(argv: list[str]) -> int:
                         help="time variants whose output is wrong on purpose (a copy that skips work, to bound what it "
                              "costs); their error is printed, not enforced")
     args = parser.parse_args(argv)
-    if args.in_order and not args.page_size:
-        parser.error("--in-order orders a paged copy's pages; it needs --page-size")
+    if (args.in_order or args.shuffle_span) and not args.page_size:
+        parser.error("--in-order and --shuffle-span order a paged copy's pages; they need --page-size")
+    if args.in_order and args.shuffle_span:
+        parser.error("--in-order is --shuffle-span 1; give one of them")
     if args.head_major and args.page_size:
         parser.error("--head-major is a dense cache's layout; it does not go with --page-size")
 
@@ -79,9 +85,9 @@ def main(argv: list[str]) -> int:
             lens = torch.full((batch,), cache_len, dtype=torch.int32, device="cuda")
             cache = {}
             if args.page_size:
-                shuffled = not args.in_order
-                (pk, table), (pv, _) = (paged_copy(torch, k, args.page_size, shuffled=shuffled),
-                                        paged_copy(torch, v, args.page_size, shuffled=shuffled))
+                span = 1 if args.in_order else args.shuffle_span
+                (pk, table), (pv, _) = (paged_copy(torch, k, args.page_size, span=span),
+                                        paged_copy(torch, v, args.page_size, span=span))
                 cache = {"k": pk, "v": pv, "page_table": table}
             sets.append((q, k, v, lens, torch.empty_like(q), cache))
         calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(

@@ -292,12 +292,21 @@ def test_gpu_check_runs_the_decode_matrix_with_its_own_peers():
         parse_config(["--matrix", "decode", "--peers", "flashgen,cudnn"])
 
 
-@pytest.mark.parametrize("shuffled", [True, False])
-def test_a_paged_copy_holds_every_page_where_its_table_says(shuffled):
+@pytest.mark.parametrize("span", [0, 1, 3, 4])
+def test_a_paged_copy_holds_every_page_where_its_table_says(span):
     torch = pytest.importorskip("torch")
     k = torch.randn(3, 16, 2, 8)
-    pages, table = decode.paged_copy(torch, k, 4, shuffled=shuffled)
+    pages, table = decode.paged_copy(torch, k, 4, span=span)
     assert pages.shape == (12, 4, 2, 8) and table.shape == (3, 4) and table.dtype == torch.int32
     assert torch.equal(pages[table.flatten().long()].reshape(k.shape), k)
-    assert sorted(table.flatten().tolist()) == list(range(12))
-    assert (table.flatten().tolist() == list(range(12))) is not shuffled  # in key order only when asked
+    entries = table.flatten().tolist()
+    assert sorted(entries) == list(range(12))
+    assert (entries == list(range(12))) is (span == 1)  # in key order only when asked
+    if span:  # each run of `span` keys' pages stays within its own run of the pool
+        assert all(e // span == i // span for i, e in enumerate(entries))
+
+
+def test_a_paged_copy_refuses_a_span_that_does_not_divide_the_pool():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="divide"):
+        decode.paged_copy(torch, torch.randn(3, 16, 2, 8), 4, span=5)
