@@ -8,7 +8,8 @@ contiguous copies, then copies with the K/V heads repeated (made outside the tim
 which); one that refuses them all is a skipped row with its reasons.
 
 Per row: `ms` (kernel: flashgen's call with a preallocated out=, SDPA's call; GPU time behind a sleep), `call_ms`
-(flashgen without out=, cuDNN's SDPA call, host time visible), `kv_gbs` (K and V bytes / ms), `copy_gbs` (this
+(flashgen without out=, cuDNN's SDPA call, host time visible), `call_host_ms` (the host's own time a call in
+those loops: where it reaches call_ms, the call is host-bound), `kv_gbs` (K and V bytes / ms), `copy_gbs` (this
 run's device-to-device copy bandwidth, read + write), `ratio_to_cudnn`, `rel_err` (the first CHECK_SEQS
 sequences against float64 codegen.check.kvcache_reference), `num_splits` (from flashgen's cached launcher).
 Nothing here imports torch until run_decode runs.
@@ -171,6 +172,7 @@ class DecodeRow(TimedRow):
     copy_gbs: float | None = None
     ratio_to_cudnn: float | None = None
     call_vs_cudnn: float | None = None
+    call_host_ms: float | None = None  # the host's own ms a call in the call_ms loops (gpu_run.time_call_samples)
 
     @property
     def kv_gbs(self) -> float | None:
@@ -185,7 +187,7 @@ class DecodeRow(TimedRow):
         return {
             "impl": self.impl, "B": c.batch, "S_q": c.q_len, "S_k": c.cache_len, "H": c.heads, "H_kv": c.kv_heads,
             "D": c.dim, "dtype": c.dtype, "page_size": c.page_size, "ms": _finite(self.ms),
-            "call_ms": _finite(self.call_ms), "kv_gbs": _finite(self.kv_gbs), "copy_gbs": _finite(self.copy_gbs),
+            "call_ms": _finite(self.call_ms), "call_host_ms": _finite(self.call_host_ms), "kv_gbs": _finite(self.kv_gbs), "copy_gbs": _finite(self.copy_gbs),
             "kv_pct_of_copy": _finite(self.kv_pct_of_copy), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
             "call_vs_cudnn": _finite(self.call_vs_cudnn), "rel_err": _finite(self.rel_err),
             "snr_db": _finite(self.snr_db), "call_rel_err": _finite(self.call_rel_err),
@@ -296,8 +298,8 @@ def summary_line(rows: Sequence[DecodeRow]) -> str:
             f"{_fmt(copy, '.0f', ' GB/s')} (read + write bytes / time)")
 
 
-DETAIL_HEADER = ("impl", "ms", "call ms", "KV GB/s", "% copy", "vs cuDNN", "call vs cuDNN", "rel err", "splits",
-                 "notes")
+DETAIL_HEADER = ("impl", "ms", "call ms", "host ms", "KV GB/s", "% copy", "vs cuDNN", "call vs cuDNN", "rel err",
+                 "splits", "notes")
 
 
 def detail_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
@@ -308,8 +310,8 @@ def detail_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
                          + [""] * (len(DETAIL_HEADER) - 2))
             continue
         call = f"error: {_short(r.call_error, 60)}" if r.call_error else _fmt(r.call_ms, ".4f")
-        table.append([r.impl, _fmt(r.ms, ".4f"), call, _fmt(r.kv_gbs, ".0f"), _fmt(r.kv_pct_of_copy, ".0f", "%"),
-                      _fmt(r.ratio_to_cudnn, ".3f", "x"), _fmt(r.call_vs_cudnn, ".3f", "x"), _fmt(r.rel_err, ".2e"),
+        table.append([r.impl, _fmt(r.ms, ".4f"), call, _fmt(r.call_host_ms, ".4f"), _fmt(r.kv_gbs, ".0f"),
+                      _fmt(r.kv_pct_of_copy, ".0f", "%"), _fmt(r.ratio_to_cudnn, ".3f", "x"), _fmt(r.call_vs_cudnn, ".3f", "x"), _fmt(r.rel_err, ".2e"),
                       "-" if r.num_splits is None else str(r.num_splits),
                       (r.notes or "") + (f" (error: {_short(r.error)})" if r.error else "")])
     return table
@@ -317,7 +319,8 @@ def detail_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
 
 CALL_NOTE = ("ms: the kernel's GPU time behind a sleep (flashgen: attention_with_kvcache(..., out=o) with o made "
              "once; SDPA: its call); call ms: the user's call with host time visible (flashgen without out=, so o "
-             "is allocated; cuDNN: its SDPA call), in the same interleaved rounds. KV GB/s = B*S_k*H_kv*D*2*2 "
+             "is allocated; cuDNN: its SDPA call), in the same interleaved rounds; host ms: the host's own time a "
+             "call in those loops (where it reaches call ms, the call is host-bound). KV GB/s = B*S_k*H_kv*D*2*2 "
              "bytes / ms; % copy = of this run's device-to-device copy bandwidth (read + write bytes / time). "
              f"rel err: the first {CHECK_SEQS} sequences against float64 codegen.check.kvcache_reference.")
 
@@ -581,7 +584,7 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
                          "each call re-encodes them (host time: in call_ms, not ms)")
         else:
             extra = SDPA_FORM_NOTES.get(forms.get(r.impl))
-        rows.append(DecodeRow(r.impl, case, ms=r.ms, call_ms=r.call_ms, rel_err=r.rel_err, snr_db=r.snr_db,
+        rows.append(DecodeRow(r.impl, case, ms=r.ms, call_ms=r.call_ms, call_host_ms=r.call_host_ms, rel_err=r.rel_err, snr_db=r.snr_db,
                               call_rel_err=r.call_rel_err, num_splits=splits, iters=r.iters, error=r.error,
                               call_error=r.call_error, skipped=r.skipped,
                               notes=None if r.skipped else _notes(check if r.rel_err is not None else None, extra)))

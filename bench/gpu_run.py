@@ -9,6 +9,7 @@ import itertools
 import math
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -81,6 +82,7 @@ class _Timing:
     next_user_call: Callable[[], Callable] | None = None
     call_rel_err: float | None = None
     call_samples: list[float] = field(default_factory=list)
+    call_host_samples: list[float] = field(default_factory=list)  # host ms a call, one per round
     call_error: str | None = None
     timed_call: bool = False  # a user call was tried (next_user_call, or call_error saying why not)
 
@@ -99,7 +101,8 @@ class _Timing:
         if not self.timed_call:
             return {}
         ms = statistics.median(self.call_samples) if self.call_samples and not self.call_error else None
-        return {"call_ms": ms, "call_rel_err": self.call_rel_err,
+        host = statistics.median(self.call_host_samples) if ms is not None and self.call_host_samples else None
+        return {"call_ms": ms, "call_host_ms": host, "call_rel_err": self.call_rel_err,
                 "call_error": self.call_error or (None if ms is not None else "not timed")}
 
 
@@ -179,32 +182,37 @@ def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None
     """One round of the user's call: as many calls as the kernel's round, by time_call_samples."""
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
-            timing.call_samples += time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup,
-                                                     iters=iters)
+            samples, host_ms = time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup, iters=iters)
+            timing.call_samples += samples
+            timing.call_host_samples.append(host_ms)
     except Exception as e:
         timing.call_error = f"{type(e).__name__}: {e}"
 
 
-def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> list[float]:
-    """Milliseconds per call of fn as a loop of calls sees them, host time included where it shows.
+def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int,
+                      clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], float]:
+    """Milliseconds per call of fn as a loop of calls sees them, host time included where it shows; and the host's
+    own milliseconds a call over the timed loop (`clock`, in seconds), which says whether the samples are host time.
 
     `warmup` untimed calls and a sync; one more untimed call, then an event, then `iters` calls each followed by an
     event; sample i is the time between event i and event i + 1 on the GPU. Unlike time_gpu_samples no GPU sleep
     is queued first: while fn's host time (checks, kernel lookup, tensor maps, launch) is under its GPU time the
     calls queue up and a sample is the GPU time, as the kernel's is; once it is over, the GPU waits for the host
     between calls and a sample is the host's time per call. (The one event recorded per call, a few microseconds
-    of host time, is in every implementation's call alike.)"""
+    of host time, is in every implementation's call alike, and in the host time.)"""
     for _ in range(max(1, warmup)):
         fn()
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     fn()  # the queue is empty after the sync: the first event waits behind one call, as every later one does
     events[0].record()
+    start = clock()
     for event in events[1:]:
         fn()
         event.record()
+    host_ms = (clock() - start) * 1e3 / iters
     torch.cuda.synchronize()
-    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])], host_ms
 
 
 def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchConfig,

@@ -64,6 +64,8 @@ class Row(TimedRow):
     call_rel_err: float | None = None
     call_error: str | None = None
     call_vs_cudnn: float | None = None
+    # The host's own ms a call in those loops (median over rounds): where it reaches call_ms, the call is host-bound.
+    call_host_ms: float | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -77,6 +79,7 @@ class Row(TimedRow):
             "snr_db": _finite(self.snr_db), "rel_err": _finite(self.rel_err),
             "err_vs_ours": _finite(self.err_vs_ours), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
             "call_ms": _finite(self.call_ms), "call_vs_cudnn": _finite(self.call_vs_cudnn),
+            "call_host_ms": _finite(self.call_host_ms),
             "call_rel_err": _finite(self.call_rel_err), "call_error": self.call_error,
             "pv_split": list(self.pv_split) if self.pv_split else None, "split_choice": self.split_choice,
             "iters": self.iters,
@@ -106,7 +109,7 @@ class Row(TimedRow):
                    iters=d.get("iters"), error=d.get("error"),
                    skipped=d.get("skipped"), ratio_to_cudnn=d.get("ratio_to_cudnn"), err_vs_ours=d.get("err_vs_ours"),
                    call_ms=d.get("call_ms"), call_rel_err=d.get("call_rel_err"), call_error=d.get("call_error"),
-                   call_vs_cudnn=d.get("call_vs_cudnn"))
+                   call_vs_cudnn=d.get("call_vs_cudnn"), call_host_ms=d.get("call_host_ms"))
 
 
 def load_rows(path: Path) -> list[Row]:

@@ -657,6 +657,8 @@ def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup",
     cudnn = Peer("cudnn", gpu.calls("cudnn", 0.005, 0.080, "cudnn"), call=gpu.calls("cudnn call", 0.005, 0.080, "cudnn"),
                  yardstick=True)
     ours = Peer("flashgen[96+32]", gpu.calls("kernel", kernel_host_ms, 0.060), call=attention(gpu))
+    timed = gpu_run.time_call_samples  # the calls' host clock is the fake's
+    monkeypatch.setattr(gpu_run, "time_call_samples", lambda *a, **k: timed(*a, clock=lambda: gpu.host / 1e3, **k))
     config = parse_config(["--shape", "1,1024,64,128", *config_args])
     rows = finalize(measure_together(gpu, [(cudnn, None), (ours, (96, 32))], SEED, Inputs(sets=(), ref=None), config))
     return {r.impl: r for r in rows}, gpu
@@ -666,10 +668,15 @@ def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
     gpu = _QueueGpu()
     (host_bound,) = gpu.calls("attention", 0.100, 0.060)(None, None, None)
     (gpu_bound,) = gpu.calls("kernel", 0.010, 0.060)(None, None, None)
-    # Host time over GPU time: the GPU waits between calls, each sample is the host's 100 us (no first-call outlier).
-    assert gpu_run.time_call_samples(gpu, host_bound, warmup=2, iters=10) == pytest.approx([0.100] * 10)
-    # Under it, the calls queue up and a sample is the GPU time, as the kernel's timing (behind a sleep) says.
-    assert gpu_run.time_call_samples(gpu, gpu_bound, warmup=2, iters=10) == pytest.approx([0.060] * 10)
+    clock = lambda: gpu.host / 1e3  # noqa: E731  (the fake's host clock, ms, as seconds)
+    # Host time over GPU time: the GPU waits between calls, each sample is the host's 100 us (no first-call outlier),
+    # and the host clock says so.
+    samples, host_ms = gpu_run.time_call_samples(gpu, host_bound, warmup=2, iters=10, clock=clock)
+    assert samples == pytest.approx([0.100] * 10) and host_ms == pytest.approx(0.100)
+    # Under it, the calls queue up and a sample is the GPU time, as the kernel's timing (behind a sleep) says; the
+    # host's own time is still its 10 us.
+    samples, host_ms = gpu_run.time_call_samples(gpu, gpu_bound, warmup=2, iters=10, clock=clock)
+    assert samples == pytest.approx([0.060] * 10) and host_ms == pytest.approx(0.010)
     assert check.time_gpu_samples(gpu, gpu_bound, warmup=2, iters=10) == pytest.approx([0.060] * 10)
 
 
@@ -684,8 +691,11 @@ def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch
     assert best.call_vs_cudnn == pytest.approx(0.080 / 0.100)  # cuDNN's call over ours
     assert cudnn.ratio_to_cudnn == pytest.approx(1.0) and cudnn.call_vs_cudnn == pytest.approx(1.0)
     assert best.call_rel_err == best.rel_err == 2.0e-3 and best.call_error is None and best.iters == 50
+    # The host's own time a call: ours is all host (it is call_ms), cuDNN's 5 us hide under its GPU time.
+    assert best.call_host_ms == pytest.approx(0.100) and cudnn.call_host_ms == pytest.approx(0.005)
     d = best.to_json()
-    assert (d["ms"], d["call_ms"]) == (best.ms, best.call_ms)
+    assert (d["ms"], d["call_ms"], d["call_host_ms"]) == (best.ms, best.call_ms, best.call_host_ms)
+    assert Row.from_json(d).call_host_ms == best.call_host_ms
     assert (d["ratio_to_cudnn"], d["call_vs_cudnn"]) == (best.ratio_to_cudnn, best.call_vs_cudnn)
     assert d["call_rel_err"] == 2.0e-3 and d["call_error"] is None
     # Each call has its own slot right after its kernel's, in the same interleaved rounds (round_orders: cuDNN
