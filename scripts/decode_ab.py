@@ -43,9 +43,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shuffle-span", type=int, default=0, metavar="N",
                         help="shuffle the paged copy's pages only within runs of N pool pages (how far the scatter "
                              "must reach to cost; 0: the whole pool)")
-    parser.add_argument("--sorted-rows", action="store_true",
-                        help="sort each row of the page table by page: the keys of a full, unmasked cache in another "
-                             "order (the same attention), read in address order (what an address-ordered read would win)")
+    parser.add_argument("--sorted-rows", type=int, default=None, metavar="N",
+                        help="sort each row of the page table by page within runs of N entries (0: the whole row): "
+                             "the keys of a full, unmasked cache in another order (the same attention), read in "
+                             "address order (what an address-ordered read would win, and over how many pages)")
     parser.add_argument("--head-major", action="store_true",
                         help="dense caches stored (B, H_kv, S, D), each head's rows contiguous, and passed to both "
                              "sides as views: what the (B, S, H_kv, D) layout's interleaved heads cost")
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if (args.in_order or args.shuffle_span) and not args.page_size:
         parser.error("--in-order and --shuffle-span order a paged copy's pages; they need --page-size")
-    if args.sorted_rows and not args.page_size:
+    if args.sorted_rows is not None and not args.page_size:
         parser.error("--sorted-rows sorts a paged copy's page table; it needs --page-size")
     if args.in_order and args.shuffle_span:
         parser.error("--in-order is --shuffle-span 1; give one of them")
@@ -93,8 +94,11 @@ def main(argv: list[str]) -> int:
                 span = 1 if args.in_order else args.shuffle_span
                 (pk, table), (pv, _) = (paged_copy(torch, k, args.page_size, span=span),
                                         paged_copy(torch, v, args.page_size, span=span))
-                if args.sorted_rows:  # K and V share the table: the same keys, permuted together
-                    table = table.sort(dim=1).values.contiguous()
+                if args.sorted_rows is not None:  # K and V share the table: the same keys, permuted together
+                    run = args.sorted_rows or table.shape[1]
+                    if table.shape[1] % run:
+                        raise SystemExit(f"--sorted-rows {run} must divide the table's {table.shape[1]} columns")
+                    table = table.view(batch, -1, run).sort(dim=2).values.view(batch, -1).contiguous()
                 cache = {"k": pk, "v": pv, "page_table": table}
             sets.append((q, k, v, lens, torch.empty_like(q), cache))
         calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(
