@@ -187,7 +187,8 @@ class DecodeRow(TimedRow):
         return {
             "impl": self.impl, "B": c.batch, "S_q": c.q_len, "S_k": c.cache_len, "H": c.heads, "H_kv": c.kv_heads,
             "D": c.dim, "dtype": c.dtype, "page_size": c.page_size, "ms": _finite(self.ms),
-            "call_ms": _finite(self.call_ms), "call_host_ms": _finite(self.call_host_ms), "kv_gbs": _finite(self.kv_gbs), "copy_gbs": _finite(self.copy_gbs),
+            "call_ms": _finite(self.call_ms), "call_host_ms": _finite(self.call_host_ms),
+            "kv_gbs": _finite(self.kv_gbs), "copy_gbs": _finite(self.copy_gbs),
             "kv_pct_of_copy": _finite(self.kv_pct_of_copy), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
             "call_vs_cudnn": _finite(self.call_vs_cudnn), "rel_err": _finite(self.rel_err),
             "snr_db": _finite(self.snr_db), "call_rel_err": _finite(self.call_rel_err),
@@ -311,7 +312,8 @@ def detail_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
             continue
         call = f"error: {_short(r.call_error, 60)}" if r.call_error else _fmt(r.call_ms, ".4f")
         table.append([r.impl, _fmt(r.ms, ".4f"), call, _fmt(r.call_host_ms, ".4f"), _fmt(r.kv_gbs, ".0f"),
-                      _fmt(r.kv_pct_of_copy, ".0f", "%"), _fmt(r.ratio_to_cudnn, ".3f", "x"), _fmt(r.call_vs_cudnn, ".3f", "x"), _fmt(r.rel_err, ".2e"),
+                      _fmt(r.kv_pct_of_copy, ".0f", "%"), _fmt(r.ratio_to_cudnn, ".3f", "x"),
+                      _fmt(r.call_vs_cudnn, ".3f", "x"), _fmt(r.rel_err, ".2e"),
                       "-" if r.num_splits is None else str(r.num_splits),
                       (r.notes or "") + (f" (error: {_short(r.error)})" if r.error else "")])
     return table
@@ -584,8 +586,8 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
                          "each call re-encodes them (host time: in call_ms, not ms)")
         else:
             extra = SDPA_FORM_NOTES.get(forms.get(r.impl))
-        rows.append(DecodeRow(r.impl, case, ms=r.ms, call_ms=r.call_ms, call_host_ms=r.call_host_ms, rel_err=r.rel_err, snr_db=r.snr_db,
-                              call_rel_err=r.call_rel_err, num_splits=splits, iters=r.iters, error=r.error,
+        rows.append(DecodeRow(r.impl, case, ms=r.ms, call_ms=r.call_ms, call_host_ms=r.call_host_ms,
+                              rel_err=r.rel_err, snr_db=r.snr_db, call_rel_err=r.call_rel_err, num_splits=splits, iters=r.iters, error=r.error,
                               call_error=r.call_error, skipped=r.skipped,
                               notes=None if r.skipped else _notes(check if r.rel_err is not None else None, extra)))
         progress(f"  {r.impl:<10} " + (f"{r.ms:.4f} ms, rel err {r.rel_err:.2e}" if r.ms is not None
