@@ -587,8 +587,8 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
         else:
             extra = SDPA_FORM_NOTES.get(forms.get(r.impl))
         rows.append(DecodeRow(r.impl, case, ms=r.ms, call_ms=r.call_ms, call_host_ms=r.call_host_ms,
-                              rel_err=r.rel_err, snr_db=r.snr_db, call_rel_err=r.call_rel_err, num_splits=splits, iters=r.iters, error=r.error,
-                              call_error=r.call_error, skipped=r.skipped,
+                              rel_err=r.rel_err, snr_db=r.snr_db, call_rel_err=r.call_rel_err, num_splits=splits,
+                              iters=r.iters, error=r.error, call_error=r.call_error, skipped=r.skipped,
                               notes=None if r.skipped else _notes(check if r.rel_err is not None else None, extra)))
         progress(f"  {r.impl:<10} " + (f"{r.ms:.4f} ms, rel err {r.rel_err:.2e}" if r.ms is not None
                                        else _short(r.skipped or r.error or "", 200))
