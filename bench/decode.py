@@ -156,7 +156,7 @@ def decode_cases() -> tuple[DecodeCase, ...]:
 
 @dataclass(frozen=True)
 class DecodeRow(TimedRow):
-    impl: str  # flashgen, cudnn, flash, efficient
+    impl: str  # flashgen, cudnn, flash, efficient; cudnn_paged on paged cases
     case: DecodeCase
     ms: float | None = None
     call_ms: float | None = None
@@ -172,6 +172,7 @@ class DecodeRow(TimedRow):
     copy_gbs: float | None = None
     ratio_to_cudnn: float | None = None
     call_vs_cudnn: float | None = None
+    ratio_to_cudnn_paged: float | None = None  # cuDNN's paged read's ms / this row's (paged cases)
     call_host_ms: float | None = None  # the host's own ms a call in the call_ms loops (gpu_run.time_call_samples)
 
     @property
@@ -190,7 +191,8 @@ class DecodeRow(TimedRow):
             "call_ms": _finite(self.call_ms), "call_host_ms": _finite(self.call_host_ms),
             "kv_gbs": _finite(self.kv_gbs), "copy_gbs": _finite(self.copy_gbs),
             "kv_pct_of_copy": _finite(self.kv_pct_of_copy), "ratio_to_cudnn": _finite(self.ratio_to_cudnn),
-            "call_vs_cudnn": _finite(self.call_vs_cudnn), "rel_err": _finite(self.rel_err),
+            "call_vs_cudnn": _finite(self.call_vs_cudnn),
+            "ratio_to_cudnn_paged": _finite(self.ratio_to_cudnn_paged), "rel_err": _finite(self.rel_err),
             "snr_db": _finite(self.snr_db), "call_rel_err": _finite(self.call_rel_err),
             "rel_err_seqs": c.check_seqs if self.rel_err is not None else None, "num_splits": self.num_splits,
             "iters": self.iters, "input_sets": c.input_sets, "kv_bytes": c.kv_bytes, "error": self.error,
@@ -218,25 +220,39 @@ ROW_KEYS = tuple(DecodeRow(impl="cudnn", case=DecodeCase(1, 1, 1, 1, 1, 1)).to_j
 
 def finalize_decode(rows: Sequence[DecodeRow], copy_gbs: float | None) -> list[DecodeRow]:
     """Each row's copy_gbs, ratio_to_cudnn (cuDNN ms / its ms) and call_vs_cudnn (cuDNN call_ms / its call_ms),
-    against the cuDNN row of its own case."""
+    against the cuDNN row of its own case, and on a paged case ratio_to_cudnn_paged (cuDNN's paged read's ms / its
+    ms)."""
     out = []
     for r in rows:
         cudnn = next((c for c in rows if c.case == r.case and c.impl == "cudnn"), None)
+        paged = next((c for c in rows if c.case == r.case and c.impl == PAGED_YARDSTICK), None)
         ratio = cudnn.ms / r.ms if cudnn is not None and cudnn.ok and r.ok else None
         call = cudnn.call_ms / r.call_ms if cudnn is not None and cudnn.call_ok and r.call_ok else None
-        out.append(dataclasses.replace(r, copy_gbs=copy_gbs, ratio_to_cudnn=ratio, call_vs_cudnn=call))
+        to_paged = paged.ms / r.ms if paged is not None and paged.ok and r.ok else None
+        out.append(dataclasses.replace(r, copy_gbs=copy_gbs, ratio_to_cudnn=ratio, call_vs_cudnn=call,
+                                       ratio_to_cudnn_paged=to_paged))
     return out
 
 
-def skipped_rows(case: DecodeCase, reason: str, impls: Iterable[str] = DECODE_IMPLS, *, error: bool = False):
-    return [DecodeRow(i, case, **({"error": reason} if error else {"skipped": reason})) for i in impls]
+# cuDNN's own paged read (bench.cudnn_paged) on the paged cases: what the pages' scatter costs the vendor's kernel too.
+PAGED_YARDSTICK = "cudnn_paged"
+
+
+def decode_impls(case: DecodeCase) -> tuple[str, ...]:
+    """The implementations a case times: DECODE_IMPLS, and on a paged case cuDNN's paged read as well."""
+    return DECODE_IMPLS + ((PAGED_YARDSTICK,) if case.page_size else ())
+
+
+def skipped_rows(case: DecodeCase, reason: str, impls: Iterable[str] | None = None, *, error: bool = False):
+    return [DecodeRow(i, case, **({"error": reason} if error else {"skipped": reason}))
+            for i in (decode_impls(case) if impls is None else impls)]
 
 
 # ---------------------------------------------------------------------------------------------- tables
 
 
 TABLE_HEADER = ("case", "cuDNN ms", "cuDNN KV GB/s", "% copy", "flashgen ms", "flashgen vs cuDNN", "call vs cuDNN",
-                "flash vs cuDNN", "efficient vs cuDNN", "splits")
+                "flash vs cuDNN", "efficient vs cuDNN", "vs cuDNN paged", "splits")
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -258,8 +274,8 @@ def _status(r: DecodeRow | None) -> str | None:
 
 def decode_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
     """One line per case: cuDNN's time, KV bandwidth and its share of the copy bandwidth, flashgen's time and
-    ratios (kernel, call), the other backends' ratios and flashgen's splits. A case skipped for every
-    implementation with one reason is one line saying so."""
+    ratios (kernel, call), the other backends' ratios, flashgen's ratio to cuDNN's paged read (paged cases) and
+    flashgen's splits. A case skipped for every implementation with one reason is one line saying so."""
     table = [list(TABLE_HEADER)]
     for case in _unique(r.case for r in rows):
         group = [r for r in rows if r.case == case]
@@ -281,22 +297,35 @@ def decode_table(rows: Sequence[DecodeRow]) -> list[list[str]]:
             case.label, ms(cudnn), _fmt(cudnn.kv_gbs if cudnn else None, ".0f"),
             _fmt(cudnn.kv_pct_of_copy if cudnn else None, ".0f", "%"), ms(ours), ratio("flashgen"),
             _fmt(ours.call_vs_cudnn if ours else None, ".3f", "x"), ratio("flash"), ratio("efficient"),
+            _paged_cell(by) if case.page_size else "-",
             "-" if ours is None or ours.num_splits is None else str(ours.num_splits),
         ])
     return table
 
 
+def _paged_cell(by: dict) -> str:
+    """flashgen's ratio to cuDNN's paged read, or why there is none (cuDNN's paged read skipped or failed)."""
+    ours, paged = by.get("flashgen"), by.get(PAGED_YARDSTICK)
+    if ours is not None and ours.ratio_to_cudnn_paged is not None:
+        return _fmt(ours.ratio_to_cudnn_paged, ".3f", "x")
+    return _status(paged) or ("error" if paged.error else "-")
+
+
 def summary_line(rows: Sequence[DecodeRow]) -> str:
     """The geomean of flashgen's ratio to cuDNN over the cases where both ran (of the cases that were not
-    skipped), its call's, and the copy bandwidth."""
+    skipped), its call's, the copy bandwidth, and flashgen's ratio to cuDNN's paged read on each paged case that
+    has one."""
     cases = _unique(r.case for r in rows if not r.skipped)
     ours = [r for r in rows if r.impl == "flashgen"]
     kernel = [r.ratio_to_cudnn for r in ours if r.ratio_to_cudnn is not None]
     calls = [r.call_vs_cudnn for r in ours if r.call_vs_cudnn is not None]
     copy = next((r.copy_gbs for r in rows if r.copy_gbs), None)
+    paged = [f"page {r.case.page_size} {r.ratio_to_cudnn_paged:.3f}x" for r in ours
+             if r.ratio_to_cudnn_paged is not None]
     return (f"geomean flashgen vs cuDNN: {_fmt(geomean(kernel), '.3f', 'x')} over {len(kernel)}/{len(cases)} cases "
             f"(call vs cuDNN's call: {_fmt(geomean(calls), '.3f', 'x')} over {len(calls)}); copy bandwidth "
-            f"{_fmt(copy, '.0f', ' GB/s')} (read + write bytes / time)")
+            f"{_fmt(copy, '.0f', ' GB/s')} (read + write bytes / time)"
+            + (f"; flashgen vs cuDNN's paged read: {', '.join(paged)}" if paged else ""))
 
 
 DETAIL_HEADER = ("impl", "ms", "call ms", "host ms", "KV GB/s", "% copy", "vs cuDNN", "call vs cuDNN", "rel err",
@@ -483,12 +512,9 @@ def paged_copy(torch, k, page_size: int, seed: int = 0, span: int = 0):
     return pages, table
 
 
-def flashgen_peer(page_size: int = 0):
-    """flashgen: the kernel is attention_with_kvcache(..., out=o) with o made once per set; the call is the same
-    without out= (o allocated per call). With a page size it reads a paged copy of each set's caches (the
-    pages shuffled), the peers the dense caches: the same keys and values."""
-    from .peers import Peer
-
+def cache_sets(page_size: int = 0):
+    """(torch, inputs) -> each set as (q, k, v, lengths, page_table), made once: with a page size, a paged copy of
+    the set's caches (the pages shuffled) that flashgen and cuDNN's paged read share; else the dense caches."""
     made: dict = {}
 
     def caches(torch, inputs):
@@ -501,6 +527,32 @@ def flashgen_peer(page_size: int = 0):
                 else:
                     made["sets"].append((q, k, v, lens, None))
         return made["sets"]
+
+    return caches
+
+
+def cudnn_paged_peer(caches):
+    """cuDNN's own paged read (bench.cudnn_paged) of the paged copies flashgen reads: skipped, with the reason, where
+    the cuDNN frontend is not installed or refuses the graph."""
+    from .cudnn_paged import paged_sdpa
+    from .peers import Peer
+
+    made: dict = {}
+
+    def make(torch, inputs, _case):
+        if "calls" not in made:
+            runs = [paged_sdpa(torch, q, k, v, table, lens) for q, k, v, lens, table in caches(torch, inputs)]
+            made["calls"] = [lambda run=run, o=o: (run(), o)[1] for run, o in runs]
+        return made["calls"]
+
+    return Peer(PAGED_YARDSTICK, make, output=_first_seqs)
+
+
+def flashgen_peer(caches):
+    """flashgen: the kernel is attention_with_kvcache(..., out=o) with o made once per set; the call is the same
+    without out= (o allocated per call). It reads `caches` (cache_sets): on a paged case a paged copy of each set's
+    caches, while the SDPA peers read the dense caches: the same keys and values."""
+    from .peers import Peer
 
     def make(with_out: bool):
         def calls(torch, inputs, _case):
@@ -565,7 +617,10 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
         return skipped_rows(case, f"inputs: {type(e).__name__}: {e}", error=True), cuda_fault(torch)
     forms: dict = {}
     entries = [(sdpa_peer(impl, case, forms), None) for impl in DECODE_IMPLS if impl in SDPA_BACKENDS]
-    entries += [(flashgen_peer(case.page_size), None)]  # last: if ours faults the context, the peers are measured
+    caches = cache_sets(case.page_size)
+    if case.page_size:
+        entries += [(cudnn_paged_peer(caches), None)]
+    entries += [(flashgen_peer(caches), None)]  # last: if ours faults the context, the peers are measured
     progress(f"  {case.input_sets} input set(s) of {case.set_bytes / 2**20:.1f} MiB; {len(entries)} implementations, "
              "timed in interleaved rounds (round_orders: each follows each other equally often)")
     fault = None

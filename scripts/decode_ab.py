@@ -6,7 +6,7 @@
 
 A case is B,S_K (full caches, S_q from --q-len; `--page-size P`: flashgen reads them as shuffled pages of P rows,
 bench.decode.paged_copy, pages in key order with `--in-order`, or shuffled within runs of N pool pages with
-`--shuffle-span N`, while cuDNN reads the dense copy); a variant
+`--shuffle-span N`, while cuDNN reads the dense copy, and with `--cudnn-paged` the paged one too); a variant
 NAME:KNOB=VALUE,... with attention_with_kvcache's keywords (num_splits, block_n, stages). Each round times every
 variant and cuDNN (SDPA, enable_gqa, the cache as (B,H,S,D) views) by CUDA events over --iters calls behind a GPU
 sleep, rounds interleaved; the median of the rounds is printed with the K+V read rate. For quick decisions
@@ -50,6 +50,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--head-major", action="store_true",
                         help="dense caches stored (B, H_kv, S, D), each head's rows contiguous, and passed to both "
                              "sides as views: what the (B, S, H_kv, D) layout's interleaved heads cost")
+    parser.add_argument("--cudnn-paged", action="store_true",
+                        help="also time cuDNN's own paged read of the same pool and page table (the cuDNN frontend, "
+                             "bench.cudnn_paged; said and skipped where it does not import or run)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
@@ -64,6 +67,8 @@ def main(argv: list[str]) -> int:
         parser.error("--sorted-rows sorts a paged copy's page table; it needs --page-size")
     if args.in_order and args.shuffle_span:
         parser.error("--in-order is --shuffle-span 1; give one of them")
+    if args.cudnn_paged and not args.page_size:
+        parser.error("--cudnn-paged reads the paged copy; it needs --page-size")
     if args.head_major and args.page_size:
         parser.error("--head-major is a dense cache's layout; it does not go with --page-size")
 
@@ -104,6 +109,14 @@ def main(argv: list[str]) -> int:
         calls = {name: [lambda s=s, kw=kw: attention_with_kvcache(
                             s[0], s[5].get("k", s[1]), s[5].get("v", s[2]), s[3], page_table=s[5].get("page_table"),
                             causal=False, out=s[4], **kw) for s in sets] for name, kw in variants}
+        outs = {}  # each timed call's output of the first set, where it is not the variants' s[4]
+        if args.cudnn_paged:
+            from bench.cudnn_paged import Unavailable, paged_sdpa
+            try:
+                runs = [paged_sdpa(torch, s[0], s[5]["k"], s[5]["v"], s[5]["page_table"], s[3]) for s in sets]
+                calls["cudnn_paged"], outs["cudnn_paged"] = [run for run, _ in runs], runs[0][1]
+            except Unavailable as err:
+                print(f"  {'cudnn_paged':>12}: skipped ({err})")
         calls["cudnn"] = [lambda s=s: sdpa(s[0].transpose(1, 2), s[1].transpose(1, 2), s[2].transpose(1, 2),
                                            enable_gqa=True) for s in sets]
         ref = sdpa(sets[0][0].transpose(1, 2).float(), sets[0][1].transpose(1, 2).float(),
@@ -126,7 +139,8 @@ def main(argv: list[str]) -> int:
                     del calls[name]
                     continue
                 if name != "cudnn":
-                    err = ((sets[0][4].float() - ref).abs().max() / ref.abs().max()).item()
+                    out = outs.get(name, sets[0][4])
+                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
                     if args.unchecked:
                         print(f"  {name:>12}: unchecked, relative error {err:.3g}")
                     elif not err < 2e-2:

@@ -55,9 +55,11 @@ SKIP = "does not fit: needs 200.0 GiB, 139.0 GiB free"
 
 
 def test_skipped_rows_cover_every_implementation():
-    rows = skipped_rows(DecodeCase(32, 1, 8192, page_size=16), SKIP)
+    rows = skipped_rows(B32, SKIP)
     assert [r.impl for r in rows] == list(DECODE_IMPLS) == ["flashgen", "cudnn", "flash", "efficient"]
     assert all(r.skipped == SKIP and r.ms is None and not r.ok for r in rows)
+    paged = skipped_rows(DecodeCase(32, 1, 8192, page_size=16), SKIP)  # cuDNN's own paged read as well
+    assert [r.impl for r in paged] == list(DECODE_IMPLS) + ["cudnn_paged"] == list(decode.decode_impls(paged[0].case))
 
 
 def test_small_caches_rotate_input_sets_past_l2():
@@ -121,10 +123,10 @@ META = {"gpu": "NVIDIA H200", "driver_version": "580.1", "torch": "2.9.0", "cudn
 
 def _result_rows():
     paged = DecodeCase(32, 1, 8192, page_size=16)
-    rows = _measured() + _measured(DecodeCase(1, 1, 2048)) + skipped_rows(paged, SKIP)
+    rows = _measured() + _measured(DecodeCase(1, 1, 2048))
     # a NaN output: a time, but an error and rel_err inf (written as null)
-    rows[-5] = DecodeRow("flashgen", DecodeCase(1, 1, 2048), ms=0.01, rel_err=math.inf, error="output holds NaN or inf")
-    return finalize_decode(rows, copy_gbs=4000.0)
+    rows[-1] = DecodeRow("flashgen", DecodeCase(1, 1, 2048), ms=0.01, rel_err=math.inf, error="output holds NaN or inf")
+    return finalize_decode(rows + skipped_rows(paged, SKIP), copy_gbs=4000.0)
 
 
 def test_json_rows_carry_the_issue_keys_and_the_run_metadata():
@@ -166,16 +168,35 @@ def test_table_and_summary_line():
     rows = _result_rows()
     table = decode_table(rows)
     assert table[0] == ["case", "cuDNN ms", "cuDNN KV GB/s", "% copy", "flashgen ms", "flashgen vs cuDNN",
-                        "call vs cuDNN", "flash vs cuDNN", "efficient vs cuDNN", "splits"]
+                        "call vs cuDNN", "flash vs cuDNN", "efficient vs cuDNN", "vs cuDNN paged", "splits"]
     b32 = table[1]
     assert b32[0] == B32.label and b32[1] == "0.5000" and b32[2] == f"{2**30 / 0.5e-3 / 1e9:.0f}"
     assert b32[3] == f"{100 * 2**30 / 0.5e-3 / 1e9 / 4000:.0f}%"
-    assert b32[4:] == ["0.4000", "1.250x", "1.200x", "0.500x", "skipped", "4"]
+    assert b32[4:] == ["0.4000", "1.250x", "1.200x", "0.500x", "skipped", "-", "4"]
     assert table[2][4] == "0.0100" and table[2][5] == "error"  # flashgen's NaN output: no ratio
     assert table[3][1] == f"skipped: {SKIP}"
     line = summary_line(rows)
     assert line.startswith("geomean flashgen vs cuDNN: 1.250x over 1/2 cases")
-    assert "copy bandwidth 4000 GB/s" in line
+    assert "copy bandwidth 4000 GB/s" in line and "paged read" not in line
+
+
+PAGE16 = DecodeCase(32, 1, 8192, page_size=16)
+
+
+def test_paged_rows_compare_with_cudnns_paged_read_too():
+    rows = finalize_decode(_measured(PAGE16) + [DecodeRow("cudnn_paged", PAGE16, ms=0.55, rel_err=2e-3)], 4000.0)
+    by = {r.impl: r for r in rows}
+    assert by["flashgen"].ratio_to_cudnn_paged == pytest.approx(0.55 / 0.4)
+    assert by["cudnn_paged"].ratio_to_cudnn == pytest.approx(0.5 / 0.55)  # what paging costs cuDNN
+    assert by["cudnn"].ratio_to_cudnn_paged == pytest.approx(0.55 / 0.5)
+    assert decode_json(META, rows)[3]["ratio_to_cudnn_paged"] == pytest.approx(1.375)
+    table = decode_table(rows)
+    assert table[1][9] == "1.375x" and table[1][5] == "1.250x"
+    assert summary_line(rows).endswith("; flashgen vs cuDNN's paged read: page 16 1.375x")
+    # without cuDNN's paged read (no frontend), the cell says why and the dense rows have none
+    skipped = finalize_decode(_measured(PAGE16) + [DecodeRow("cudnn_paged", PAGE16, skipped="no frontend")], 4000.0)
+    assert decode_table(skipped)[1][9] == "skipped" and decode_table(_measured())[1][9] == "-"
+    assert all(r.ratio_to_cudnn_paged is None for r in finalize_decode(_measured(), 4000.0))
 
 
 # ---------------------------------------------------------------------------------------------- command line
@@ -255,6 +276,48 @@ def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
     final = {r.impl: r for r in finalize_decode(rows, copy_gbs=1000.0)}
     assert final["flashgen"].ratio_to_cudnn == pytest.approx(by["cudnn"].ms / by["flashgen"].ms)
     assert any(line.strip().startswith("flashgen") and "splits 3" in line for line in lines)
+
+
+@pytest.mark.parametrize("frontend", [True, False])
+def test_a_paged_case_times_cudnns_paged_read_of_flashgens_pool(monkeypatch, frontend):
+    """A paged case on CPU tensors: flashgen (a stand-in gathering its pages) and cuDNN's paged read (the stand-in
+    frontend of tests.cpu_stand_ins) read one shared paged copy, each checked against the dense reference; without
+    the frontend, cuDNN's paged row is skipped with the reason and the others still run."""
+    torch = pytest.importorskip("torch")
+    import sys
+
+    import codegen.decode as cdecode
+    from tests.cpu_stand_ins import FakeCudnnGraph, fake_cudnn
+
+    pools = set()
+    monkeypatch.setattr(FakeCudnnGraph, "made", [])
+
+    def fake_kvcache(q, k_cache, v_cache, cache_seqlens, *, causal=True, out=None, page_table=None, **_):
+        pools.add(k_cache.data_ptr())
+        k, v = (c[page_table.long()].flatten(1, 2) for c in (k_cache, v_cache))  # (B, S, H_kv, D) in key order
+        o = check.kvcache_reference(q, k, v, cache_seqlens.tolist(), causal=causal, same_dtype=True)[0]
+        return out.copy_(o) if out is not None else o
+
+    monkeypatch.setitem(sys.modules, "cudnn", fake_cudnn() if frontend else None)
+    monkeypatch.setattr(cdecode, "_LAUNCHERS", {})
+    monkeypatch.setattr(cdecode, "attention_with_kvcache", fake_kvcache)
+    monkeypatch.setattr(gpu_run, "cuda_fault", lambda torch: None)
+    monkeypatch.setattr(decode, "make_decode_inputs", functools.partial(decode.make_decode_inputs, device="cpu"))
+    monkeypatch.setitem(decode.SDPA_BACKENDS, "cudnn", "MATH")
+    case = DecodeCase(3, 1, 64, heads=4, kv_heads=2, dim=16, page_size=8)
+    config = parse_config(["--matrix", "decode", "--iters", "4", "--warmup", "1", "--no-save"])
+    rows, fault = decode.bench_decode_case(CpuTorch(torch), case, config, lambda line: None)
+    by = {r.impl: r for r in finalize_decode(rows, copy_gbs=1000.0)}
+    assert fault is None and set(by) == {"cudnn", "flash", "efficient", "cudnn_paged", "flashgen"}
+    assert by["flashgen"].ok and by["flashgen"].rel_err < 2e-2
+    assert len(pools) == case.input_sets  # one paged copy a set, whoever reads it
+    if frontend:
+        assert by["cudnn_paged"].ok and by["cudnn_paged"].rel_err < 2e-2 and by["cudnn_paged"].call_ms is None
+        assert {g.last_pack[g.sdpa_kwargs["k"]].data_ptr() for g in FakeCudnnGraph.made} == pools  # the same pools
+        assert by["flashgen"].ratio_to_cudnn_paged == pytest.approx(by["cudnn_paged"].ms / by["flashgen"].ms)
+    else:
+        assert "frontend does not import" in by["cudnn_paged"].skipped
+        assert by["flashgen"].ratio_to_cudnn_paged is None
 
 
 def test_refusals_share_a_reason_per_form():
