@@ -41,7 +41,7 @@ import time
 from layouts.dtypes import DTYPE_NAMES
 
 from .cuda_env import PIP_HINT_TORCH as TORCH_HINT
-from .families.decode_sm90.plan import HEAD_PACKS
+from .families.decode_sm90.plan import GATHER_MAX_PAGE_ROWS, HEAD_PACKS
 
 # The kernels checked into generated/ (tests/test_codegen.py proves they are current): the seed shape with
 # the plan's default tile (what `flashgen --shape 1024,64,128` emits), and with the two PV splits of a 128-key
@@ -160,7 +160,7 @@ def _spec_arguments(parser: argparse.ArgumentParser, default_shape: str | None =
     parser.add_argument("--gather", action=argparse.BooleanOptionalAction, default=None,
                         help="with --page-size: load the pages' rows by the producer warpgroup's cp.async (16 bytes a "
                              "thread), or (--no-gather) by a TMA copy per page (default: gathered for pages of up to "
-                             "4 rows)")
+                             f"{GATHER_MAX_PAGE_ROWS} rows)")
     parser.add_argument("--ctas-per-sm", type=int, default=1, choices=(1, 2),
                         help="with --decode: 1 (default) runs two consumer warpgroups per CTA; 2 one per CTA, two CTAs "
                              "per SM (tiles of at most 64 packed rows, D <= 128; what attention_with_kvcache picks "

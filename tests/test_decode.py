@@ -297,8 +297,8 @@ def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers()
 def test_small_pages_are_gathered_unless_the_caller_says_otherwise():
     from codegen.families.decode_sm90.plan import GATHER_MAX_PAGE_ROWS, gather_by_default
 
-    assert [gather_by_default(p) for p in (0, 1, 2, 4, 8, 16, 256)] == [False, True, True, True, False, False, False]
-    assert GATHER_MAX_PAGE_ROWS == 4
+    assert [gather_by_default(p) for p in (0, 1, 2, 4, 8, 16, 256)] == [False, True, True, True, True, False, False]
+    assert GATHER_MAX_PAGE_ROWS == 8
     assert gather_by_default(1, False) is False and gather_by_default(16, True) is True
 
 

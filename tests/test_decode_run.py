@@ -75,15 +75,16 @@ def fake_gpu(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("extra, page", [([], 0), (["--page-size", "4"], 4), (["--page-size", "1", "--causal"], 1)])
+@pytest.mark.parametrize("extra, page", [([], 0), (["--page-size", "4"], 4), (["--page-size", "1", "--causal"], 1),
+                                         (["--page-size", "8"], 8), (["--page-size", "16"], 16)])
 def test_decode_run_builds_then_runs_the_spec_it_emitted(extra, page, fake_gpu, tmp_path, capsys):
     assert gen.main(DECODE + extra + ["--batch", "3", "--out", str(tmp_path), "--run"]) == 0
     out = capsys.readouterr().out
     assert "generating flashgen_decode_" in out and "  run        fake: PASS" in out
     ((torch, spec, batch, capacity),) = fake_gpu
-    # Pages of up to 4 rows are gathered by default (plan.gather_by_default).
+    # Pages of up to 8 rows are gathered by default (plan.gather_by_default).
     want = resolve(DecodeSpec(heads=32, kv_heads=8, head_dim=128, q_len=2, dtype="bf16", page_size=page,
-                              causal="--causal" in extra, gather=0 < page <= 4))
+                              causal="--causal" in extra, gather=0 < page <= 8))
     assert (torch.__name__, spec, batch, capacity) == ("torch", want, 3, 1000)
     assert (tmp_path / f"{spec.name}.cu").is_file()
 

@@ -388,7 +388,7 @@ def test_gathered_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, num
     run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, seed=page, gather=True)
 
 
-@pytest.mark.parametrize("page", [1, 2, 4])
+@pytest.mark.parametrize("page", [1, 2, 4, 8])
 @pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1), softcap=30.0)])
 def test_small_pages_with_masks_softcap_and_sinks(page, options):
     lengths = [1, 300, 640, 1000]
@@ -407,7 +407,7 @@ def test_one_row_pages_at_d96_are_gathered_by_default_and_refused_to_tma():
     with pytest.raises(InputError, match="128-byte aligned"):
         attention_with_kvcache(q, pk, pv, torch.tensor([64], dtype=torch.int32, device="cuda"), page_table=table,
                                gather=False)
-    run_paged_and_check(q, k, v, [64], 1, gather=None)  # pages of up to 4 rows are gathered unless told otherwise
+    run_paged_and_check(q, k, v, [64], 1, gather=None)  # pages of up to 8 rows are gathered unless told otherwise
 
 
 @pytest.mark.parametrize("extra", [[], ["--page-size", "4"], ["--page-size", "1", "--causal"],
@@ -430,7 +430,8 @@ def test_cli_run_checks_and_times_the_decode_kernel(extra, tmp_path, capsys):
 # choice; more exercise the merges under this layout too).
 TWO_CTAS = [(1, 32, 8, 128, torch.bfloat16, 0), (2, 16, 4, 96, torch.float16, 0), (1, 8, 8, 64, torch.bfloat16, 16),
             (4, 32, 8, 128, torch.bfloat16, 16), (1, 32, 8, 128, torch.bfloat16, 4), (16, 32, 8, 64, torch.float16, 1),
-            (8, 32, 8, 128, torch.bfloat16, 4)]  # 32 rows gathered: plain 80-key blocks (the one above swaps)
+            (8, 32, 8, 128, torch.bfloat16, 4),  # 32 rows gathered: plain 80-key blocks (the one above swaps)
+            (1, 32, 8, 128, torch.bfloat16, 8)]  # 8-row pages, gathered by default
 
 
 @pytest.mark.parametrize("sq, heads, kv_heads, dim, dtype, page", TWO_CTAS)

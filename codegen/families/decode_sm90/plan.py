@@ -36,10 +36,12 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240  # setmaxnreg split with two consumers (a
 # D=96 with 128 rows), so it takes 40 and the consumers 232 (40 + 2 x 232: the 504 a 384-thread CTA launches with).
 GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
 MAX_GATHER_BLOCK_N = 128  # the producer's 4 warps x 32 lanes, a lane holding one row's page
-# Pages of at most this many rows are gathered unless the caller says otherwise: at 32 x 8k (shuffled pages against
-# cuDNN's dense cache) 1-row pages 0.76x cuDNN gathered, 0.13x by a TMA copy per page; 4-row 0.65x against 0.42x;
-# 8-row 0.67x against 0.72x; 16-row 0.69x against 0.95x (bench/LOG.md, "Decode", d8).
-GATHER_MAX_PAGE_ROWS = 4
+# Pages of at most this many rows are gathered unless the caller says otherwise. Shuffled pages against cuDNN's dense
+# cache, gathered / by a TMA copy per page, on an H100 (bench/LOG.md, session 45): 8-row pages at 32 x 8k 0.965x /
+# 0.950x, 8 x 32k 0.959x / 0.938x, 128 x 8k 0.986x / 0.981x, 1 x 32k 0.70x / 0.62x, 8 x 2k 0.80x / 0.69x, D=256 1.064x
+# / 1.054x, D=64 0.939x / 0.940x (a tie); 16-row pages 0.985x / 0.990x at 32 x 8k, 0.984x / 1.009x at 8 x 32k, and at
+# batch 1 0.74x / 0.99x: from 16 rows a page's TMA box is big enough. Pages of 1-4 rows lose 3-6x by TMA (d8).
+GATHER_MAX_PAGE_ROWS = 8
 SM_SMEM_BYTES = 228 * 1024  # an sm_90 SM's shared memory (CUDA programming guide, compute capability 9.0)
 CTA_RESERVED_SMEM = 1024    # the system's share of it for each resident CTA
 SMEM_LIMIT = SM_SMEM_BYTES - CTA_RESERVED_SMEM  # one CTA per SM: 227 KB, the per-block opt-in maximum
