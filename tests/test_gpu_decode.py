@@ -388,6 +388,22 @@ def test_gathered_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, num
     run_paged_and_check(q, k, v, lengths, page, num_splits=num_splits, seed=page, gather=True)
 
 
+@pytest.mark.parametrize("page", [4, 8])
+def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
+    """A gathered CTA streams slower than a TMA one, so at batch 1 the policy keeps a wave of plain splits (merged
+    through the workspace) rather than one cluster of 8 (choose_splits' cluster_merge_pays)."""
+    from codegen import decode
+    from codegen.families.decode_sm90.plan import MAX_CLUSTER_SPLITS
+
+    decode._LAUNCHERS.clear()  # the assertion below is about this call's launcher
+    lengths = [30001]
+    k, v = make_cache(1, 32768, 8, 128, lengths, torch.bfloat16, seed=page)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    run_paged_and_check(q, k, v, lengths, page, gather=None)
+    (launcher,) = decode._LAUNCHERS.values()
+    assert launcher.plan.spec.gather and launcher.splits > MAX_CLUSTER_SPLITS and launcher.cluster is None
+
+
 @pytest.mark.parametrize("page", [1, 2, 4, 8])
 @pytest.mark.parametrize("options", [dict(causal=False), dict(window=(100, -1), softcap=30.0)])
 def test_small_pages_with_masks_softcap_and_sinks(page, options):
