@@ -314,7 +314,7 @@ def _paged_cell(by: dict) -> str:
 def summary_line(rows: Sequence[DecodeRow]) -> str:
     """The geomean of flashgen's ratio to cuDNN over the cases where both ran (of the cases that were not
     skipped), its call's, the copy bandwidth, and flashgen's ratio to cuDNN's paged read on each paged case that
-    has one."""
+    has one (or why cuDNN's paged read did not run)."""
     cases = _unique(r.case for r in rows if not r.skipped)
     ours = [r for r in rows if r.impl == "flashgen"]
     kernel = [r.ratio_to_cudnn for r in ours if r.ratio_to_cudnn is not None]
@@ -322,10 +322,14 @@ def summary_line(rows: Sequence[DecodeRow]) -> str:
     copy = next((r.copy_gbs for r in rows if r.copy_gbs), None)
     paged = [f"page {r.case.page_size} {r.ratio_to_cudnn_paged:.3f}x" for r in ours
              if r.ratio_to_cudnn_paged is not None]
+    ran = {r.case for r in ours if r.ok}  # a case skipped whole (it does not fit) is said in its own line
+    missed = [r.skipped or r.error for r in rows
+              if r.impl == PAGED_YARDSTICK and r.case in ran and not r.ok and (r.skipped or r.error)]
     return (f"geomean flashgen vs cuDNN: {_fmt(geomean(kernel), '.3f', 'x')} over {len(kernel)}/{len(cases)} cases "
             f"(call vs cuDNN's call: {_fmt(geomean(calls), '.3f', 'x')} over {len(calls)}); copy bandwidth "
             f"{_fmt(copy, '.0f', ' GB/s')} (read + write bytes / time)"
-            + (f"; flashgen vs cuDNN's paged read: {', '.join(paged)}" if paged else ""))
+            + (f"; flashgen vs cuDNN's paged read: {', '.join(paged)}" if paged else "")
+            + (f"; cuDNN's paged read: {_short(missed[0], 120)}" if missed and not paged else ""))
 
 
 DETAIL_HEADER = ("impl", "ms", "call ms", "host ms", "KV GB/s", "% copy", "vs cuDNN", "call vs cuDNN", "rel err",

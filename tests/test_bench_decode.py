@@ -196,6 +196,7 @@ def test_paged_rows_compare_with_cudnns_paged_read_too():
     # without cuDNN's paged read (no frontend), the cell says why and the dense rows have none
     skipped = finalize_decode(_measured(PAGE16) + [DecodeRow("cudnn_paged", PAGE16, skipped="no frontend")], 4000.0)
     assert decode_table(skipped)[1][9] == "skipped" and decode_table(_measured())[1][9] == "-"
+    assert summary_line(skipped).endswith("; cuDNN's paged read: no frontend")  # said, not silently left out
     assert all(r.ratio_to_cudnn_paged is None for r in finalize_decode(_measured(), 4000.0))
 
 
