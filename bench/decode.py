@@ -154,6 +154,10 @@ def decode_cases() -> tuple[DecodeCase, ...]:
 # ---------------------------------------------------------------------------------------------- rows
 
 
+# cuDNN's own paged read (bench.cudnn_paged) on the paged cases: what the pages' scatter costs the vendor's kernel too.
+PAGED_YARDSTICK = "cudnn_paged"
+
+
 @dataclass(frozen=True)
 class DecodeRow(TimedRow):
     impl: str  # flashgen, cudnn, flash, efficient; cudnn_paged on paged cases
@@ -232,10 +236,6 @@ def finalize_decode(rows: Sequence[DecodeRow], copy_gbs: float | None) -> list[D
         out.append(dataclasses.replace(r, copy_gbs=copy_gbs, ratio_to_cudnn=ratio, call_vs_cudnn=call,
                                        ratio_to_cudnn_paged=to_paged))
     return out
-
-
-# cuDNN's own paged read (bench.cudnn_paged) on the paged cases: what the pages' scatter costs the vendor's kernel too.
-PAGED_YARDSTICK = "cudnn_paged"
 
 
 def decode_impls(case: DecodeCase) -> tuple[str, ...]:
