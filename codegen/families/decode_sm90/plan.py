@@ -40,7 +40,7 @@ MAX_GATHER_BLOCK_N = 128  # the producer's 4 warps x 32 lanes, a lane holding on
 # cache, gathered / by a TMA copy per page, on an H100 (bench/LOG.md, session 45): 8-row pages at 32 x 8k 0.965x /
 # 0.950x, 8 x 32k 0.959x / 0.938x, 128 x 8k 0.986x / 0.981x, 1 x 32k 0.70x / 0.62x, 8 x 2k 0.80x / 0.69x, D=256 1.064x
 # / 1.054x, D=64 0.939x / 0.940x (a tie); 16-row pages 0.985x / 0.990x at 32 x 8k, 0.984x / 1.009x at 8 x 32k, and at
-# batch 1 0.74x / 0.99x: from 16 rows a page's TMA box is big enough. Pages of 1-4 rows lose 3-6x by TMA (d8).
+# batch 1 0.74x / 0.99x: from 16 rows a page's TMA box is big enough. Pages of 1-4 rows are slower still by TMA (d8).
 GATHER_MAX_PAGE_ROWS = 8
 SM_SMEM_BYTES = 228 * 1024  # an sm_90 SM's shared memory (CUDA programming guide, compute capability 9.0)
 CTA_RESERVED_SMEM = 1024    # the system's share of it for each resident CTA
