@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -57,6 +57,9 @@ class Run:
     source: str
     ratios: dict[str, float]
     criteria: tuple[Criterion, ...]
+    # flashgen's ratio to another yardstick, shown beside the criteria but judged by none (decode: cuDNN's own paged
+    # read on the paged rows, bench/cudnn_paged.py), by label
+    references: dict[str, float] = field(default_factory=dict)
 
     @property
     def geomean(self) -> float | None:
@@ -144,7 +147,9 @@ def decode_run(rows: Sequence[dict], source: str = "") -> Run:
         Criterion(f"geomean >= {DECODE_GEOMEAN:.2f}x", mean is not None and mean >= DECODE_GEOMEAN and not gaps,
                   (whole.strip(" ()"),) if gaps else ()),
     )
-    return Run(source, ratios, criteria)
+    references = {f"{_decode_label(r)} vs cuDNN paged": r["ratio_to_cudnn_paged"] for r in ours
+                  if r.get("ratio_to_cudnn_paged")}
+    return Run(source, ratios, criteria, references)
 
 
 def _fa4_label(r: dict) -> str:
@@ -207,14 +212,15 @@ def _x(v: float | None) -> str:
 
 
 def runs_table(runs: Sequence[Run]) -> list[list[str]]:
-    """Rows: every row of any run, the geomean, then each criterion; columns: the runs, then the median (range)
-    over them (criteria: in how many runs they held)."""
+    """Rows: every row of any run, the geomean, each reference ratio (Run.references), then each criterion; columns:
+    the runs, then the median (range) over them (criteria: in how many runs they held)."""
     if not runs:
         raise ValueError("no runs to tabulate")
     table = [["row"] + [r.source for r in runs] + ["median (range)"]]
     labels = list(dict.fromkeys(label for r in runs for label in r.ratios))
-    for label in labels + ["geomean"]:
-        values = [r.geomean if label == "geomean" else r.ratios.get(label) for r in runs]
+    references = list(dict.fromkeys(label for r in runs for label in r.references))
+    for label in labels + ["geomean"] + references:
+        values = [r.geomean if label == "geomean" else r.ratios.get(label, r.references.get(label)) for r in runs]
         got = [v for v in values if v is not None]
         spread = f"{statistics.median(got):.3f}x ({min(got):.3f}-{max(got):.3f})" if got else "-"
         table.append([label] + [_x(v) for v in values] + [spread])

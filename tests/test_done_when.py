@@ -96,6 +96,17 @@ def test_paged_rows_compare_by_their_ratios_in_their_own_cases():
     assert done_when.decode_run(rows).criteria[3].held
 
 
+def test_paged_rows_show_their_ratio_to_cudnns_paged_read_beside_the_criteria():
+    rows = decode_rows()
+    rows[-1]["ratio_to_cudnn_paged"] = 1.02  # flashgen's paged row against cuDNN's own paged read
+    run = done_when.decode_run(rows)
+    label = "B=8 S_q=1 S_k=8192 H=32/8 D=128 bf16 page16 vs cuDNN paged"
+    assert run.references == {label: 1.02}
+    assert [c.held for c in run.criteria] == [c.held for c in done_when.decode_run(decode_rows()).criteria]
+    table = done_when.runs_table([run])
+    assert table[len(run.ratios) + 2] == [label, "1.020x", "1.020x (1.020-1.020)"]  # after the geomean
+
+
 def fa4_rows(ratios, gpu="NVIDIA H200"):
     rows = []
     for i, r in enumerate(ratios):
@@ -137,6 +148,7 @@ def test_runs_load_oldest_first_from_one_gpu_and_tabulate(tmp_path):
     assert table[0] == ["row", "20261204T120000Z", "20261205T120000Z", "median (range)"]
     assert table[2] == ["B=8 S_q=1 S_k=8192 H=32/8 D=128 bf16", "1.050x", "0.990x", "1.020x (0.990-1.050)"]
     assert table[-5] == ["S_q=1, B>=8 rows >= 1.0x", "met", "no", "1 of 2 runs"]
+    assert not runs[0].references and table[-6][0] == "geomean"  # no cuDNN paged read in these runs
     assert "S_q=1, B>=8 rows >= 1.0x: 1 of 2 (last run: B=8 S_q=1" in done_when.verdict(runs)
     dirty = [dict(r, flashgen_commit="81622372e88182e24d00fa597a63cf055c811c8b+dirty",
                   flashgen_tree="20e38f10a84a35e00c6582db73f46287d4f3317c") for r in decode_rows()]
