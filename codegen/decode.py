@@ -71,8 +71,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
     `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
     page; None (the default) gathers pages of up to 8 rows, where a TMA copy per page is slower (bench/LOG.md,
-    "Decode", d8, and session 45). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two CTAs
-    per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each, and
+    "Decode", d8, and d35). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two
+    CTAs per SM (tiles of at most 64 packed rows, D <= 128); chosen where the tiles fill the SMs with one split each, and
     where fewer tiles than SMs are split into most of a wave of CTAs (choose_ctas_per_sm).
     `block_n` and `stages` (0: chosen) set the kernel's key block and ring depth. `pdl` (default True) launches the
     kernel(s) by programmatic dependent launch where the splits are not one cluster: a call's CTAs may start while
