@@ -202,7 +202,7 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     return 2
 
 
-def choose_splits(ctas: int, blocks: int, sms: int, cluster_merge_pays: bool = True) -> int:
+def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
     "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
     MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
@@ -213,18 +213,20 @@ def choose_splits(ctas: int, blocks: int, sms: int, cluster_merge_pays: bool = T
     a third of the SMs' worth of tiles (it was an eighth): B=3 x 8k 0.875x with 2 splits, 1.048x with 4 (what the
     wave and the fit give), 1.062x with 3; B=4 x 2k 0.862x with 1, 1.070x with 3 (d15b). Tiles of more than one wave
     and under TWO_SPLIT_MAX_WAVES take two splits where each keeps SPLIT_MIN_BLOCKS blocks (d24).
-    `cluster_merge_pays` False (gathered pages, whose CTAs each stream slower than a TMA CTA) keeps the whole wave
-    instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x with 16; x 8k 0.88x,
-    1.03x (H100, bench/LOG.md session 45)."""
+    `gathered` (pages copied by cp.async, whose CTAs each stream slower than a TMA CTA: more, shorter streams pay)
+    keeps the whole wave instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x
+    with 16; x 8k 0.88x, 1.03x (H100, bench/LOG.md d36); and where most SMs have a tile, fills the wave down to
+    MIN_BLOCKS_PER_SPLIT blocks a split: B=8 x 2k over 8-row pages 0.80x with one split, 1.04x with two; 1-row pages
+    0.84x, 0.98x (d37)."""
     if sms < ctas < TWO_SPLIT_MAX_WAVES * sms:
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
         return 1
     if ctas * FEW_TILES <= sms:
         splits = max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
-        folds = cluster_merge_pays and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
+        folds = not gathered and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
         return MAX_CLUSTER_SPLITS if folds else splits
-    return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
+    return max(1, min(MAX_SPLITS, sms // ctas, blocks // (MIN_BLOCKS_PER_SPLIT if gathered else SPLIT_MIN_BLOCKS)))
 
 
 def fit_clusters(plan: Plan, tiles: int, splits: int, resident) -> int:
@@ -441,8 +443,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
             raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
                              f"{MAX_GRID_YZ} limit")
         tiles = batch * plan.grid(batch, 1)[1]
-        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms,
-                                             cluster_merge_pays=not spec.gather)
+        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, gathered=spec.gather)
         if not ctas_per_sm:
             spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
         spec = resolve(spec)

@@ -263,8 +263,8 @@ def test_splits_fill_one_wave_where_tiles_are_few():
 
     assert choose_splits(8, 16, 132) == 8      # B=1, 2k keys: 2 blocks a split
     assert choose_splits(8, 256, 132) == 8     # a wave would be 16: one cluster of 8 merges faster
-    assert choose_splits(8, 256, 132, cluster_merge_pays=False) == 16  # gathered pages: the streams are the limit
-    assert choose_splits(8, 12, 132, cluster_merge_pays=False) == 6 and choose_splits(1, 256, 132, False) == 128
+    assert choose_splits(8, 256, 132, gathered=True) == 16  # gathered pages: the streams are the limit
+    assert choose_splits(8, 12, 132, gathered=True) == 6 and choose_splits(1, 256, 132, gathered=True) == 128
     assert choose_splits(8, 12, 132) == 6      # 2 blocks a split
     assert choose_splits(1, 256, 132) == 128   # multi-query B=1: a wave of splits, far past a cluster
     assert choose_splits(24, 64, 132) == 5     # B=3, 8k: a wave of splits (fit_clusters then takes 4 on an H200)
@@ -272,6 +272,9 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(44, 64, 132) == 3     # a third of the SMs: still a wave
     assert choose_splits(45, 64, 132) == 2     # past it, splits of 32 blocks
     assert choose_splits(64, 16, 132) == 1     # B=8, 2k: the merge does not pay
+    assert choose_splits(64, 16, 132, gathered=True) == 2  # ... but for gathered pages a wave of two-block splits does
+    assert choose_splits(48, 16, 132, gathered=True) == 2 and choose_splits(64, 3, 132, gathered=True) == 1
+    assert choose_splits(128, 16, 132, gathered=True) == 1  # a wave of tiles already
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
 

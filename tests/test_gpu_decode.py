@@ -391,7 +391,7 @@ def test_gathered_pages_match_float64(page, sq, heads, kv_heads, dim, dtype, num
 @pytest.mark.parametrize("page", [4, 8])
 def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
     """A gathered CTA streams slower than a TMA one, so at batch 1 the policy keeps a wave of plain splits (merged
-    through the workspace) rather than one cluster of 8 (choose_splits' cluster_merge_pays)."""
+    through the workspace) rather than one cluster of 8 (choose_splits' `gathered`)."""
     from codegen import decode
     from codegen.families.decode_sm90.plan import MAX_CLUSTER_SPLITS
 
@@ -402,6 +402,23 @@ def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
     run_paged_and_check(q, k, v, lengths, page, gather=None)
     (launcher,) = decode._LAUNCHERS.values()
     assert launcher.plan.spec.gather and launcher.splits > MAX_CLUSTER_SPLITS and launcher.cluster is None
+
+
+@pytest.mark.parametrize("page", [1, 8])
+def test_short_caches_over_gathered_pages_fill_the_wave_with_splits(page):
+    """B=8 x 2k over gathered pages: 64 one-split tiles leave half the SMs idle, and a gathered CTA's stream is the
+    limit, so the policy splits each tile in two (one consumer a CTA, two CTAs a SM's layout) where a dense cache keeps
+    one split (bench/LOG.md d37)."""
+    from codegen import decode
+
+    decode._LAUNCHERS.clear()  # the assertion below is about this call's launcher
+    lengths = [2048, 2047, 1, 1025, 2048, 640, 0, 1999]
+    k, v = make_cache(8, 2048, 8, 128, lengths, torch.bfloat16, seed=page + 37)
+    q = torch.randn(8, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    run_paged_and_check(q, k, v, lengths, page, gather=None)
+    (launcher,) = decode._LAUNCHERS.values()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert launcher.plan.spec.gather and launcher.splits == min(2, sms // 64), (launcher.splits, launcher.plan.spec.name)
 
 
 @pytest.mark.parametrize("page", [1, 2, 4, 8])
