@@ -169,19 +169,27 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     D=128 32/8 heads unless said): split tiles at B=2 to 8, one consumer a CTA at the same splits, 8k / 32k keys: B=8
     1.031x -> 1.049x / 1.008x -> 1.026x, B=6 1.023x -> 1.099x / 1.000x -> 1.072x, B=4 0.990x -> 1.018x / 0.959x -> 0.980x,
     B=3 1.046x -> 1.086x / 0.995x -> 1.033x, B=2 1.082x -> 1.109x / 0.987x -> 1.034x; D=64, S_q=4 and 64/8 heads +1.6-4.6%;
-    but B=1 (8 tiles of 8 splits: 64 CTAs, half the SMs) 1.076x -> 1.040x at 32k."""
+    but B=1 (8 tiles of 8 splits: 64 CTAs, half the SMs) 1.076x -> 1.040x at 32k. Gathered pages take two a SM from
+    just past one wave of one-CTA tiles: B=24 x 2k over 8-row pages 0.851x -> 0.969x, 4-row 0.796x -> 0.983x (d38)."""
     if splits > 1 and tiles < sms:
         wanted = tiles * splits >= SPLIT_TWO_CTA_MIN_FILL * sms
+    elif spec.gather:  # past a wave of one-CTA tiles, one wave of two a SM (d38)
+        wanted = splits == 1 and tiles > sms
     else:
         waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
         wanted = splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok
-    if not (wanted and spec.fits_two_ctas):
-        return 1
+    return 2 if wanted and two_ctas_fit(spec) else 1
+
+
+def two_ctas_fit(spec: DecodeSpec) -> bool:
+    """Whether the call's tiles can run two CTAs a SM (one consumer warpgroup each)."""
+    if not spec.fits_two_ctas:
+        return False
     try:
         resolve(spec.replace(ctas_per_sm=2))
     except SpecError:  # the call's own block_n or stages do not fit half the SM
-        return 1
-    return 2
+        return False
+    return True
 
 
 def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
@@ -202,7 +210,7 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     return 2
 
 
-def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False) -> int:
+def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False, two_ctas: bool = False) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
     "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
     MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
@@ -217,8 +225,10 @@ def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False) -> i
     keeps the whole wave instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x
     with 16; x 8k 0.88x, 1.03x (H100, bench/LOG.md d36); and where most SMs have a tile, fills the wave down to
     MIN_BLOCKS_PER_SPLIT blocks a split: B=8 x 2k over 8-row pages 0.80x with one split, 1.04x with two; 1-row pages
-    0.84x, 0.98x (d37)."""
-    if sms < ctas < TWO_SPLIT_MAX_WAVES * sms:
+    0.84x, 0.98x (d37). `two_ctas` (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes) lets gathered
+    tiles of more than half a wave split in two as well (B=12 x 2k 0.850x -> 0.928x, x 8k 0.883x -> 0.939x; at one CTA a
+    SM two splits lose: 0.744x), and past a wave keeps them whole, at two CTAs a SM (d38)."""
+    if sms < ctas < TWO_SPLIT_MAX_WAVES * sms and not (gathered and two_ctas):
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
         return 1
@@ -226,7 +236,10 @@ def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False) -> i
         splits = max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
         folds = not gathered and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
         return MAX_CLUSTER_SPLITS if folds else splits
-    return max(1, min(MAX_SPLITS, sms // ctas, blocks // (MIN_BLOCKS_PER_SPLIT if gathered else SPLIT_MIN_BLOCKS)))
+    if gathered:
+        wave = max(2, sms // ctas) if two_ctas else sms // ctas
+        return max(1, min(MAX_SPLITS, wave, blocks // MIN_BLOCKS_PER_SPLIT))
+    return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
 
 
 def fit_clusters(plan: Plan, tiles: int, splits: int, resident) -> int:
@@ -443,7 +456,9 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
             raise InputError(f"batch {batch} and {kv_heads} K/V heads x {plan.tiles_m} row tiles exceed the grid's "
                              f"{MAX_GRID_YZ} limit")
         tiles = batch * plan.grid(batch, 1)[1]
-        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, gathered=spec.gather)
+        two_ctas = ctas_per_sm == 2 or (not ctas_per_sm and two_ctas_fit(spec))
+        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, gathered=spec.gather,
+                                             two_ctas=two_ctas)
         if not ctas_per_sm:
             spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
         spec = resolve(spec)

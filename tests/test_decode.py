@@ -275,6 +275,12 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(64, 16, 132, gathered=True) == 2  # ... but for gathered pages a wave of two-block splits does
     assert choose_splits(48, 16, 132, gathered=True) == 2 and choose_splits(64, 3, 132, gathered=True) == 1
     assert choose_splits(128, 16, 132, gathered=True) == 1  # a wave of tiles already
+    # Where two CTAs a SM fit, gathered tiles of more than half a wave split in two, and past a wave stay whole.
+    assert choose_splits(96, 16, 132, gathered=True, two_ctas=True) == 2
+    assert choose_splits(128, 64, 132, gathered=True, two_ctas=True) == 2
+    assert choose_splits(64, 16, 132, gathered=True, two_ctas=True) == 2
+    assert choose_splits(136, 64, 132, gathered=True, two_ctas=True) == 1
+    assert choose_splits(136, 64, 132, gathered=True) == 2 == choose_splits(136, 64, 132)  # (d24)
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
 
@@ -565,6 +571,11 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
     assert choose_ctas_per_sm(spec, tiles=256, splits=2, sms=132) == 1  # splits: latency counts
     assert choose_ctas_per_sm(spec.replace(head_dim=256), tiles=256, splits=1, sms=132) == 1
     assert choose_ctas_per_sm(spec.replace(q_len=32), tiles=256, splits=1, sms=132) == 1  # 128 packed rows
+    gathered = spec.replace(page_size=4, gather=True)
+    assert choose_ctas_per_sm(gathered, tiles=192, splits=1, sms=132) == 2   # gathered: from just past a wave
+    assert choose_ctas_per_sm(spec.replace(page_size=4), tiles=192, splits=1, sms=132) == 1  # by TMA: from 1.85 waves
+    assert choose_ctas_per_sm(gathered, tiles=96, splits=1, sms=132) == 1
+    assert choose_ctas_per_sm(gathered, tiles=96, splits=2, sms=132) == 2
 
 
 def test_split_tiles_that_fill_most_sms_take_one_consumer_a_cta():

@@ -404,21 +404,23 @@ def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
     assert launcher.plan.spec.gather and launcher.splits > MAX_CLUSTER_SPLITS and launcher.cluster is None
 
 
-@pytest.mark.parametrize("page", [1, 8])
-def test_short_caches_over_gathered_pages_fill_the_wave_with_splits(page):
-    """B=8 x 2k over gathered pages: 64 one-split tiles leave half the SMs idle, and a gathered CTA's stream is the
-    limit, so the policy splits each tile in two (one consumer a CTA, two CTAs a SM's layout) where a dense cache keeps
-    one split (bench/LOG.md d37)."""
+@pytest.mark.parametrize("batch, page, splits, ctas_per_sm", [(8, 1, 2, 2), (8, 8, 2, 2), (12, 4, 2, 2), (24, 8, 1, 2)])
+def test_gathered_pages_fill_the_sms_at_small_batch(batch, page, splits, ctas_per_sm):
+    """Over gathered pages a CTA's stream is the limit, so where one-split tiles leave SMs idle the policy splits them
+    (B=8 x 2k: 64 tiles in two; B=12: 96 tiles in two, two CTAs a SM), where a dense cache keeps one split, and just
+    past a wave of tiles (B=24: 192) runs two CTAs a SM (bench/LOG.md d37, d38). Counts for 132 SMs (H100, H200)."""
     from codegen import decode
 
     decode._LAUNCHERS.clear()  # the assertion below is about this call's launcher
-    lengths = [2048, 2047, 1, 1025, 2048, 640, 0, 1999]
-    k, v = make_cache(8, 2048, 8, 128, lengths, torch.bfloat16, seed=page + 37)
-    q = torch.randn(8, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    lengths = ([2048, 2047, 1, 1025, 2048, 640, 0, 1999] * 3)[:batch]
+    k, v = make_cache(batch, 2048, 8, 128, lengths, torch.bfloat16, seed=page + 37)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     run_paged_and_check(q, k, v, lengths, page, gather=None)
     (launcher,) = decode._LAUNCHERS.values()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert launcher.plan.spec.gather and launcher.splits == min(2, sms // 64), (launcher.splits, launcher.plan.spec.name)
+    spec = launcher.plan.spec
+    assert spec.gather
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert (launcher.splits, spec.ctas_per_sm) == (splits, ctas_per_sm), spec.name
 
 
 @pytest.mark.parametrize("page", [1, 2, 4, 8])
