@@ -210,7 +210,8 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     return 2
 
 
-def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False, two_ctas: bool = False) -> int:
+def choose_splits(ctas: int, blocks: int, sms: int, *, paged: bool = False, gathered: bool = False,
+                  two_ctas: bool = False) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
     "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
     MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
@@ -225,20 +226,26 @@ def choose_splits(ctas: int, blocks: int, sms: int, gathered: bool = False, two_
     keeps the whole wave instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x
     with 16; x 8k 0.88x, 1.03x (H100, bench/LOG.md d36); and where most SMs have a tile, fills the wave down to
     MIN_BLOCKS_PER_SPLIT blocks a split: B=8 x 2k over 8-row pages 0.80x with one split, 1.04x with two; 1-row pages
-    0.84x, 0.98x (d37). `two_ctas` (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes) lets gathered
-    tiles of more than half a wave split in two as well (B=12 x 2k 0.850x -> 0.928x, x 8k 0.883x -> 0.939x; at one CTA a
-    SM two splits lose: 0.744x), and past a wave keeps them whole, at two CTAs a SM (d38)."""
+    0.84x, 0.98x (d37). `two_ctas` (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes for split tiles
+    that fill most of the SMs) lets paged tiles (by TMA too) of more than a third of a wave split in two (B=12 x 2k over
+    8-row pages 0.850x -> 0.928x, at one CTA a SM 0.744x; B=6 x 2k over 16-row pages 0.973x -> 1.179x), past a wave
+    keeps gathered tiles whole at two CTAs a SM (d38), and under a third of a wave fills two CTAs a SM's wave with
+    gathered splits (B=1 x 32k over 8-row pages 0.902x -> 0.983x, B=2 x 2k 1.066x -> 1.331x; fit_clusters then trims
+    clusters that would not all be resident: B=4 with 8 splits 0.786x, 6 0.992x; d39)."""
+    paged = paged or gathered
     if sms < ctas < TWO_SPLIT_MAX_WAVES * sms and not (gathered and two_ctas):
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
         return 1
     if ctas * FEW_TILES <= sms:
-        splits = max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
+        wave = (max(CTAS_PER_SM) if gathered and two_ctas else 1) * sms // ctas
+        splits = max(1, min(MAX_SPLITS, wave, blocks // MIN_BLOCKS_PER_SPLIT))
         folds = not gathered and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
         return MAX_CLUSTER_SPLITS if folds else splits
+    if paged and two_ctas:
+        return max(1, min(MAX_SPLITS, max(2, sms // ctas), blocks // MIN_BLOCKS_PER_SPLIT))
     if gathered:
-        wave = max(2, sms // ctas) if two_ctas else sms // ctas
-        return max(1, min(MAX_SPLITS, wave, blocks // MIN_BLOCKS_PER_SPLIT))
+        return max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
     return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
 
 
@@ -457,8 +464,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                              f"{MAX_GRID_YZ} limit")
         tiles = batch * plan.grid(batch, 1)[1]
         two_ctas = ctas_per_sm == 2 or (not ctas_per_sm and two_ctas_fit(spec))
-        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, gathered=spec.gather,
-                                             two_ctas=two_ctas)
+        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, paged=page_size > 0,
+                                             gathered=spec.gather, two_ctas=two_ctas)
         if not ctas_per_sm:
             spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
         spec = resolve(spec)

@@ -404,21 +404,25 @@ def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
     assert launcher.plan.spec.gather and launcher.splits > MAX_CLUSTER_SPLITS and launcher.cluster is None
 
 
-@pytest.mark.parametrize("batch, page, splits, ctas_per_sm", [(8, 1, 2, 2), (8, 8, 2, 2), (12, 4, 2, 2), (24, 8, 1, 2)])
-def test_gathered_pages_fill_the_sms_at_small_batch(batch, page, splits, ctas_per_sm):
-    """Over gathered pages a CTA's stream is the limit, so where one-split tiles leave SMs idle the policy splits them
-    (B=8 x 2k: 64 tiles in two; B=12: 96 tiles in two, two CTAs a SM), where a dense cache keeps one split, and just
-    past a wave of tiles (B=24: 192) runs two CTAs a SM (bench/LOG.md d37, d38). Counts for 132 SMs (H100, H200)."""
+@pytest.mark.parametrize("batch, capacity, page, splits, ctas_per_sm", [
+    (8, 2048, 1, 2, 2), (8, 2048, 8, 2, 2), (12, 2048, 4, 2, 2), (24, 2048, 8, 1, 2), (6, 2048, 16, 2, 2),
+    (1, 32768, 8, 33, 2), (2, 8192, 4, 16, 2)])
+def test_paged_tiles_fill_the_sms_at_small_batch(batch, capacity, page, splits, ctas_per_sm):
+    """A paged CTA streams slower than a dense one, so where one-split tiles leave SMs idle the policy runs more CTAs:
+    tiles over a third of a wave split in two at two CTAs a SM (B=6-12; by TMA too), where a dense cache keeps one
+    split; gathered tiles just past a wave (B=24) run two CTAs a SM, and under a third of a wave (B=1, 2) fill a wave of
+    two a SM with plain splits (bench/LOG.md d37-d39). Counts for 132 SMs (H100, H200)."""
     from codegen import decode
+    from codegen.families.decode_sm90.plan import GATHER_MAX_PAGE_ROWS
 
     decode._LAUNCHERS.clear()  # the assertion below is about this call's launcher
-    lengths = ([2048, 2047, 1, 1025, 2048, 640, 0, 1999] * 3)[:batch]
-    k, v = make_cache(batch, 2048, 8, 128, lengths, torch.bfloat16, seed=page + 37)
+    lengths = ([capacity, capacity - 1, 1, capacity // 2 + 1, capacity, 640, 0, capacity - 49] * 3)[:batch]
+    k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=page + 37)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     run_paged_and_check(q, k, v, lengths, page, gather=None)
     (launcher,) = decode._LAUNCHERS.values()
     spec = launcher.plan.spec
-    assert spec.gather
+    assert spec.gather == (page <= GATHER_MAX_PAGE_ROWS)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert (launcher.splits, spec.ctas_per_sm) == (splits, ctas_per_sm), spec.name
 
