@@ -43,6 +43,9 @@ HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 o
 # splits: H100 17 sequences (136 tiles on 132 SMs) 0.841x / 0.937x / 0.984x, 20: 0.926x / 1.019x / 1.066x, 24: 0.930x /
 # 1.054x / 1.033x; H200 17: 0.737x / 0.882x / 0.944x, 26: 0.889x / 1.026x / 1.005x, 30: 0.977x / 1.017x / 0.994x.
 TWO_SPLIT_MAX_WAVES = 1.25
+# Pages of at most this many rows (gathered, or a TMA box a page) stream slower than a dense cache: their tiles take
+# more CTAs below a wave (choose_splits; bench/LOG.md d37-d40). Measured at 16 rows; 32 and 128 read as dense (d40).
+SMALL_PAGE_ROWS = 16
 TWO_CTA_MIN_WAVES = 1.85
 # Split tiles under a wave run one consumer a CTA (two CTAs a SM's layout) where their CTAs are at least this share of
 # the SMs (choose_ctas_per_sm): B=6's 96 CTAs on 132 SMs (0.73) gained 7%, B=1's 64 (0.48) lost 3.4% (d26).
@@ -210,7 +213,7 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
     return 2
 
 
-def choose_splits(ctas: int, blocks: int, sms: int, *, paged: bool = False, gathered: bool = False,
+def choose_splits(ctas: int, blocks: int, sms: int, *, small_pages: bool = False, gathered: bool = False,
                   two_ctas: bool = False) -> int:
     """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
     "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
@@ -226,13 +229,15 @@ def choose_splits(ctas: int, blocks: int, sms: int, *, paged: bool = False, gath
     keeps the whole wave instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x
     with 16; x 8k 0.88x, 1.03x (H100, bench/LOG.md d36); and where most SMs have a tile, fills the wave down to
     MIN_BLOCKS_PER_SPLIT blocks a split: B=8 x 2k over 8-row pages 0.80x with one split, 1.04x with two; 1-row pages
-    0.84x, 0.98x (d37). `two_ctas` (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes for split tiles
-    that fill most of the SMs) lets paged tiles (by TMA too) of more than a third of a wave split in two (B=12 x 2k over
-    8-row pages 0.850x -> 0.928x, at one CTA a SM 0.744x; B=6 x 2k over 16-row pages 0.973x -> 1.179x), past a wave
-    keeps gathered tiles whole at two CTAs a SM (d38), and under a third of a wave fills two CTAs a SM's wave with
-    gathered splits (B=1 x 32k over 8-row pages 0.902x -> 0.983x, B=2 x 2k 1.066x -> 1.331x; fit_clusters then trims
-    clusters that would not all be resident: B=4 with 8 splits 0.786x, 6 0.992x; d39)."""
-    paged = paged or gathered
+    0.84x, 0.98x (d37). With `small_pages` (at most SMALL_PAGE_ROWS rows a page, gathered or by TMA) and `two_ctas`
+    (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes for split tiles that fill most of the SMs), tiles
+    of more than a third of a wave split in two (B=12 x 2k over 8-row pages 0.850x -> 0.928x, at one CTA a SM 0.744x;
+    B=6 x 2k over 16-row pages 0.973x -> 1.179x); gathered tiles past a wave stay whole at two CTAs a SM (d38), and
+    under a third of a wave fill a wave of two CTAs a SM (B=1 x 32k over 8-row pages 0.902x -> 0.983x, B=2 x 2k 1.066x
+    -> 1.331x; fit_clusters then trims clusters that would not all be resident: B=4 with 8 splits 0.786x, 6 0.992x;
+    d39). Over 16-row pages by TMA a wave of 9-16 splits stays plain too (B=1 x 32k 0.979x as a cluster of 8, 1.046x
+    as 16 splits), but not over 32- or 128-row pages (1.069x, 1.084x as a cluster; 1.046x, 1.048x plain; d40)."""
+    small_pages = small_pages or gathered
     if sms < ctas < TWO_SPLIT_MAX_WAVES * sms and not (gathered and two_ctas):
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
@@ -240,9 +245,9 @@ def choose_splits(ctas: int, blocks: int, sms: int, *, paged: bool = False, gath
     if ctas * FEW_TILES <= sms:
         wave = (max(CTAS_PER_SM) if gathered and two_ctas else 1) * sms // ctas
         splits = max(1, min(MAX_SPLITS, wave, blocks // MIN_BLOCKS_PER_SPLIT))
-        folds = not gathered and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
+        folds = not small_pages and MAX_CLUSTER_SPLITS < splits <= 2 * MAX_CLUSTER_SPLITS
         return MAX_CLUSTER_SPLITS if folds else splits
-    if paged and two_ctas:
+    if small_pages and two_ctas:
         return max(1, min(MAX_SPLITS, max(2, sms // ctas), blocks // MIN_BLOCKS_PER_SPLIT))
     if gathered:
         return max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
@@ -464,7 +469,8 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                              f"{MAX_GRID_YZ} limit")
         tiles = batch * plan.grid(batch, 1)[1]
         two_ctas = ctas_per_sm == 2 or (not ctas_per_sm and two_ctas_fit(spec))
-        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms, paged=page_size > 0,
+        splits = num_splits or choose_splits(tiles, -(-capacity // one_cta.block_n), sms,
+                                             small_pages=0 < page_size <= SMALL_PAGE_ROWS,
                                              gathered=spec.gather, two_ctas=two_ctas)
         if not ctas_per_sm:
             spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
