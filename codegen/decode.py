@@ -70,7 +70,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     position + right]. `softcap` > 0 caps the scaled scores as softcap * tanh(scores / softcap). `sinks`, a
     float32 (H,) tensor, adds exp(sinks[h]) to every row's softmax denominator (learned attention sinks);
     the returned logsumexp (B, H, S_q, float32) includes it. `num_splits` (0: chosen from the batch, the K/V
-    heads, the cache's capacity and the SM count) cuts each tile's keys into that many CTAs, merged in the
+    heads, the cache's capacity, its page size and the SM count) cuts each tile's keys into that many CTAs, merged in the
     kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
     `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
     page; None (the default) gathers pages of up to 8 rows, where a TMA copy per page is slower (bench/LOG.md,
