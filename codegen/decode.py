@@ -43,10 +43,10 @@ HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 o
 # splits: H100 17 sequences (136 tiles on 132 SMs) 0.841x / 0.937x / 0.984x, 20: 0.926x / 1.019x / 1.066x, 24: 0.930x /
 # 1.054x / 1.033x; H200 17: 0.737x / 0.882x / 0.944x, 26: 0.889x / 1.026x / 1.005x, 30: 0.977x / 1.017x / 0.994x.
 TWO_SPLIT_MAX_WAVES = 1.25
+TWO_CTA_MIN_WAVES = 1.85
 # Pages of at most this many rows (gathered, or a TMA box a page) stream slower than a dense cache: their tiles take
 # more CTAs below a wave (choose_splits; bench/LOG.md d37-d40). Measured at 16 rows; 32 and 128 read as dense (d40).
 SMALL_PAGE_ROWS = 16
-TWO_CTA_MIN_WAVES = 1.85
 # Split tiles under a wave run one consumer a CTA (two CTAs a SM's layout) where their CTAs are at least this share of
 # the SMs (choose_ctas_per_sm): B=6's 96 CTAs on 132 SMs (0.73) gained 7%, B=1's 64 (0.48) lost 3.4% (d26).
 SPLIT_TWO_CTA_MIN_FILL = 0.7
@@ -70,8 +70,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_
     position + right]. `softcap` > 0 caps the scaled scores as softcap * tanh(scores / softcap). `sinks`, a
     float32 (H,) tensor, adds exp(sinks[h]) to every row's softmax denominator (learned attention sinks);
     the returned logsumexp (B, H, S_q, float32) includes it. `num_splits` (0: chosen from the batch, the K/V
-    heads, the cache's capacity, its page size and the SM count) cuts each tile's keys into that many CTAs, merged in the
-    kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
+    heads, the cache's capacity, its page size and the SM count) cuts each tile's keys into that many CTAs, merged
+    in the kernel. `out`: a tensor of q's shape and dtype to write o into (any 16-byte strides, head dim contiguous).
     `gather` (paged caches): True copies the pages' rows 16 bytes a thread by cp.async, False by a TMA copy per
     page; None (the default) gathers pages of up to 8 rows, where a TMA copy per page is slower (bench/LOG.md,
     "Decode", d8, and d35). `ctas_per_sm` (0: chosen) 1 runs two consumer warpgroups per CTA, 2 one per CTA and two

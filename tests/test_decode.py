@@ -275,22 +275,23 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(64, 16, 132, gathered=True) == 2  # ... but for gathered pages a wave of two-block splits does
     assert choose_splits(48, 16, 132, gathered=True) == 2 and choose_splits(64, 3, 132, gathered=True) == 1
     assert choose_splits(128, 16, 132, gathered=True) == 1  # a wave of tiles already
-    # Where two CTAs a SM fit, gathered tiles of more than half a wave split in two, and past a wave stay whole.
+    # Where two CTAs a SM fit, gathered tiles of more than a third of a wave split in two, and past a wave stay whole.
     assert choose_splits(96, 16, 132, gathered=True, two_ctas=True) == 2
     assert choose_splits(128, 64, 132, gathered=True, two_ctas=True) == 2
     assert choose_splits(64, 16, 132, gathered=True, two_ctas=True) == 2
     assert choose_splits(136, 64, 132, gathered=True, two_ctas=True) == 1
     assert choose_splits(136, 64, 132, gathered=True) == 2 == choose_splits(136, 64, 132)  # (d24)
     # ... pages by TMA split in two over a third of a wave, where two CTAs a SM fit (d39); a dense cache does not
-    assert choose_splits(48, 16, 132, small_pages=True, two_ctas=True) == 2 and choose_splits(48, 16, 132, two_ctas=True) == 1
+    assert choose_splits(48, 16, 132, small_pages=True, two_ctas=True) == 2
+    assert choose_splits(48, 16, 132, two_ctas=True) == 1
     assert choose_splits(48, 16, 132, small_pages=True) == 1
     # Gathered tiles under a third of a wave fill a wave of two CTAs a SM (d39).
     assert choose_splits(8, 256, 132, gathered=True, two_ctas=True) == 33
     assert choose_splits(16, 256, 132, gathered=True, two_ctas=True) == 16
     assert choose_splits(32, 64, 132, gathered=True, two_ctas=True) == 8  # fit_clusters trims what is not resident
     assert choose_splits(8, 16, 132, gathered=True, two_ctas=True) == 8   # 2 blocks a split
-    assert choose_splits(8, 256, 132, small_pages=True, two_ctas=True) == 16    # by TMA: unfolded, one CTA a SM's wave (d40)
-    assert choose_splits(8, 16, 132, small_pages=True, two_ctas=True) == 8      # 2 blocks a split: one cluster
+    assert choose_splits(8, 256, 132, small_pages=True, two_ctas=True) == 16  # by TMA: one CTA a SM's wave, unfolded
+    assert choose_splits(8, 16, 132, small_pages=True, two_ctas=True) == 8    # 2 blocks a split: one cluster
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
 
