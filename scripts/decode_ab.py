@@ -9,7 +9,8 @@ bench.decode.paged_copy, pages in key order with `--in-order`, or shuffled withi
 `--shuffle-span N`, while cuDNN reads the dense copy, and with `--cudnn-paged` the paged one too); a variant
 NAME:KNOB=VALUE,... with attention_with_kvcache's keywords (num_splits, block_n, stages). Each round times every
 variant and cuDNN (SDPA, enable_gqa, the cache as (B,H,S,D) views) by CUDA events over --iters calls behind a GPU
-sleep, rounds interleaved; the median of the rounds is printed with the K+V read rate. For quick decisions
+sleep, rounds interleaved; the median of the rounds is printed with the K+V read rate and the plan the call chose
+(splits, CTAs a SM, gathered pages: what a default is being compared with). For quick decisions
 (bench/LOG.md); `gen.py bench --matrix decode` makes the committed numbers. `--profile NAME` instead launches one
 variant (or `cudnn`) a few times for ncu.
 """
@@ -29,6 +30,14 @@ def parse_variant(text: str) -> tuple[str, dict]:
     if not name:
         raise SystemExit(f"--variant {text!r}: expected NAME:KNOB=VALUE,...")
     return name, {k: int(v) for k, _, v in (item.partition("=") for item in filter(None, knobs.split(",")))}
+
+
+def plan_note(launcher) -> str:
+    """What a launcher runs, in the words of the policy: splits (clustered or plain), CTAs a SM, gathered pages."""
+    spec = launcher.plan.spec
+    splits = f"{launcher.splits} split" + ("s" if launcher.splits > 1 else "")
+    kind = " (cluster)" if launcher.cluster is not None else ""
+    return f"{splits}{kind}, {spec.ctas_per_sm} CTA(s) a SM" + (", gathered" if spec.gather else "")
 
 
 def main(argv: list[str]) -> int:
@@ -75,7 +84,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from bench.decode import paged_copy
-    from codegen import InputError, attention_with_kvcache
+    from codegen import InputError, attention_with_kvcache, decode
 
     heads, kv_heads = (int(x) for x in args.heads.split("/"))
     variants = [parse_variant(v) for v in args.variant] or [("base", {})]
@@ -131,13 +140,16 @@ def main(argv: list[str]) -> int:
                 torch.cuda.nvtx.range_pop()
                 print(f"profiled {args.profile} at B={batch} S_k={cache_len}")
                 continue
+            plans = {}  # each flashgen variant's plan as the call chose it (splits, CTAs a SM, gathered)
             for name, fns in list(calls.items()):  # warm-up (compiles), and a check of each variant's output
+                known = set(decode._LAUNCHERS)
                 try:
                     fns[0]()
                 except InputError as err:  # a knob the shape cannot take: said, and the others still timed
                     print(f"  {name:>12}: skipped ({err})")
                     del calls[name]
                     continue
+                plans.update((name, plan_note(decode._LAUNCHERS[key])) for key in set(decode._LAUNCHERS) - known)
                 if name != "cudnn":
                     out = outs.get(name, sets[0][4])
                     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
@@ -165,7 +177,7 @@ def main(argv: list[str]) -> int:
             ms = statistics.median(times[name])
             spread = (max(times[name]) - min(times[name])) / ms
             print(f"  {name:>12}: {ms:.4f} ms {kv_bytes / ms / 1e6:5.0f} GB/s  {base / ms:.3f}x cudnn  "
-                  f"(spread {spread:.1%})")
+                  f"(spread {spread:.1%})" + (f"  [{plans[name]}]" if name in plans else ""))
     return 0
 
 
