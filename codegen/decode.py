@@ -50,6 +50,10 @@ SMALL_PAGE_ROWS = 16
 # Split tiles under a wave run one consumer a CTA (two CTAs a SM's layout) where their CTAs are at least this share of
 # the SMs (choose_ctas_per_sm): B=6's 96 CTAs on 132 SMs (0.73) gained 7%, B=1's 64 (0.48) lost 3.4% (d26).
 SPLIT_TWO_CTA_MIN_FILL = 0.7
+# Dense tiles over half a wave and up to this share of one take two splits where two CTAs a SM fit (choose_splits):
+# one CTA a tile ran 0.80-0.96x cuDNN there on an H100 (B=9 x 8k 0.80x where B=8's 64 tiles ran 1.06x), two splits at
+# two CTAs a SM 0.93-1.01x; at 120 tiles and more (B=15, 16) they tie or lose 1-3% (bench/LOG.md d41).
+DENSE_TWO_SPLIT_MAX_FILL = 0.875
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None, page_table=None,
@@ -236,7 +240,10 @@ def choose_splits(ctas: int, blocks: int, sms: int, *, small_pages: bool = False
     under a third of a wave fill a wave of two CTAs a SM (B=1 x 32k over 8-row pages 0.902x -> 0.983x, B=2 x 2k 1.066x
     -> 1.331x; fit_clusters then trims clusters that would not all be resident: B=4 with 8 splits 0.786x, 6 0.992x;
     d39). Over 16-row pages by TMA a wave of 9-16 splits stays plain too (B=1 x 32k 0.979x as a cluster of 8, 1.046x
-    as 16 splits), but not over 32- or 128-row pages (1.069x, 1.084x as a cluster; 1.046x, 1.048x plain; d40)."""
+    as 16 splits), but not over 32- or 128-row pages (1.069x, 1.084x as a cluster; 1.046x, 1.048x plain; d40).
+    Dense tiles (or pages of more rows) over half a wave and up to DENSE_TWO_SPLIT_MAX_FILL of one split in two
+    where two CTAs a SM fit: B=9 x 2k / 8k / 32k 0.871x / 0.798x / 0.789x -> 0.986x / 0.949x / 0.950x, B=12 0.922x /
+    0.878x -> 0.955x / 0.941x, B=13 0.957x / 0.910x -> 0.984x / 0.969x (H100; d41)."""
     small_pages = small_pages or gathered
     if sms < ctas < TWO_SPLIT_MAX_WAVES * sms and not (gathered and two_ctas):
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
@@ -251,6 +258,8 @@ def choose_splits(ctas: int, blocks: int, sms: int, *, small_pages: bool = False
         return max(1, min(MAX_SPLITS, max(2, sms // ctas), blocks // MIN_BLOCKS_PER_SPLIT))
     if gathered:
         return max(1, min(MAX_SPLITS, sms // ctas, blocks // MIN_BLOCKS_PER_SPLIT))
+    if two_ctas and sms < 2 * ctas <= 2 * DENSE_TWO_SPLIT_MAX_FILL * sms:
+        return max(1, min(2, blocks // MIN_BLOCKS_PER_SPLIT))
     return max(1, min(MAX_SPLITS, sms // ctas, blocks // SPLIT_MIN_BLOCKS))
 
 

@@ -294,6 +294,12 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(8, 16, 132, small_pages=True, two_ctas=True) == 8    # 2 blocks a split: one cluster
     assert choose_splits(64, 256, 132) == 2
     assert choose_splits(256, 64, 132) == 1
+    # Dense tiles over half a wave and up to 7/8 of one split in two where two CTAs a SM fit (d41).
+    assert choose_splits(72, 16, 132, two_ctas=True) == 2 == choose_splits(72, 256, 132, two_ctas=True)
+    assert choose_splits(115, 16, 132, two_ctas=True) == 2 and choose_splits(116, 16, 132, two_ctas=True) == 1
+    assert choose_splits(66, 16, 132, two_ctas=True) == 1   # half a wave: B=8 x 2k keeps one
+    assert choose_splits(72, 16, 132) == 1                  # one CTA a SM only: no
+    assert choose_splits(72, 3, 132, two_ctas=True) == 1    # too few blocks to split
 
 
 def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers():

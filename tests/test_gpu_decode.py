@@ -628,7 +628,7 @@ def run_chosen(batch, seed, capacity=8192):
     the policy: checked against float64, and the one launcher it built."""
     from codegen import decode
 
-    lengths = [capacity] * (batch - 3) + [0, 1, 5000]
+    lengths = [capacity] * (batch - 3) + [0, 1, min(5000, capacity - 7)]
     k, v = make_cache(batch, capacity, 8, 128, lengths, torch.bfloat16, seed=seed)
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     decode._LAUNCHERS.clear()
@@ -653,6 +653,23 @@ def test_split_tiles_under_a_wave_take_one_consumer_a_cta():
     launcher = run_chosen(batch, seed=25)
     assert launcher.splits > 1 and launcher.plan.spec.ctas_per_sm == 2
     assert batch * 8 * launcher.splits >= decode.SPLIT_TWO_CTA_MIN_FILL * sms
+
+
+@pytest.mark.parametrize("capacity", [2048, 8192])
+@pytest.mark.parametrize("fill, splits", [("half", 1), ("past half", 2), ("most", 2), ("past most", 1)])
+def test_dense_tiles_over_half_a_wave_split_in_two(capacity, fill, splits):
+    """Dense one-head tiles over half a wave and up to DENSE_TWO_SPLIT_MAX_FILL of one take two splits at two CTAs a
+    SM (d41); at half a wave (B=8 on 132 SMs, 2k keys) and past that share (B=15) they stay whole at one CTA a SM."""
+    from codegen import decode
+    from codegen.api import _sm_count
+
+    sms = _sm_count(0)
+    most = int(decode.DENSE_TWO_SPLIT_MAX_FILL * sms) // 8  # 8 K/V heads: tiles = 8 x batch
+    batch = {"half": sms // 16, "past half": sms // 16 + 1, "most": most, "past most": most + 1}[fill]
+    launcher = run_chosen(batch, seed=batch, capacity=capacity)
+    if fill == "half" and capacity > 2048:
+        splits = 2  # half a wave over long caches: splits of 32 blocks (choose_splits' last rule)
+    assert (launcher.splits, launcher.plan.spec.ctas_per_sm) == (splits, 1 if splits == 1 else 2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
