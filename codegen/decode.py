@@ -44,6 +44,9 @@ HEAD_PACK_IDLE_SMS = 16      # ... where the two-head tiles leave at most 1/16 o
 # 1.054x / 1.033x; H200 17: 0.737x / 0.882x / 0.944x, 26: 0.889x / 1.026x / 1.005x, 30: 0.977x / 1.017x / 0.994x.
 TWO_SPLIT_MAX_WAVES = 1.25
 TWO_CTA_MIN_WAVES = 1.85
+# ... and tiles over small pages (SMALL_PAGE_ROWS) up to this many: 16-row pages at 8k keys, 21 and 22 sequences
+# (1.27 and 1.33 waves), one split 0.900-0.961x cuDNN against two 0.995-1.048x on two H100 boards (bench/LOG.md d42).
+SMALL_PAGE_TWO_SPLIT_MAX_WAVES = 1.4
 # Pages of at most this many rows (gathered, or a TMA box a page) stream slower than a dense cache: their tiles take
 # more CTAs below a wave (choose_splits; bench/LOG.md d37-d40). Measured at 16 rows; 32 and 128 read as dense (d40).
 SMALL_PAGE_ROWS = 16
@@ -243,9 +246,11 @@ def choose_splits(ctas: int, blocks: int, sms: int, *, small_pages: bool = False
     as 16 splits), but not over 32- or 128-row pages (1.069x, 1.084x as a cluster; 1.046x, 1.048x plain; d40).
     Dense tiles (or pages of more rows) over half a wave and up to DENSE_TWO_SPLIT_MAX_FILL of one split in two
     where two CTAs a SM fit: B=9 x 2k / 8k / 32k 0.871x / 0.798x / 0.789x -> 0.986x / 0.949x / 0.950x, B=12 0.922x /
-    0.878x -> 0.955x / 0.941x, B=13 0.957x / 0.910x -> 0.984x / 0.969x (H100; d41)."""
+    0.878x -> 0.955x / 0.941x, B=13 0.957x / 0.910x -> 0.984x / 0.969x (H100; d41). Past a wave, tiles over small
+    pages take two splits up to SMALL_PAGE_TWO_SPLIT_MAX_WAVES waves (d42)."""
     small_pages = small_pages or gathered
-    if sms < ctas < TWO_SPLIT_MAX_WAVES * sms and not (gathered and two_ctas):
+    two_split_waves = SMALL_PAGE_TWO_SPLIT_MAX_WAVES if small_pages else TWO_SPLIT_MAX_WAVES
+    if sms < ctas < two_split_waves * sms and not (gathered and two_ctas):
         return max(1, min(2, blocks // SPLIT_MIN_BLOCKS))
     if ctas >= sms:
         return 1

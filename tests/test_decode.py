@@ -300,6 +300,10 @@ def test_splits_fill_one_wave_where_tiles_are_few():
     assert choose_splits(66, 16, 132, two_ctas=True) == 1   # half a wave: B=8 x 2k keeps one
     assert choose_splits(72, 16, 132) == 1                  # one CTA a SM only: no
     assert choose_splits(72, 3, 132, two_ctas=True) == 1    # too few blocks to split
+    # Past a wave, tiles over small pages take two splits up to 1.4 waves, a dense cache's to 1.25 (d42, d24).
+    assert choose_splits(176, 64, 132, small_pages=True, two_ctas=True) == 2 and choose_splits(176, 64, 132) == 1
+    assert choose_splits(184, 64, 132, small_pages=True) == 2 and choose_splits(185, 64, 132, small_pages=True) == 1
+    assert choose_splits(176, 16, 132, small_pages=True) == 1  # short caches keep splits of 32 blocks or none
 
 
 def test_gathered_pages_are_a_paged_option_of_their_own_barriers_and_registers():

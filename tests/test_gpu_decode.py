@@ -406,13 +406,14 @@ def test_one_sequence_over_gathered_pages_takes_a_wave_of_splits(page):
 
 @pytest.mark.parametrize("batch, capacity, page, splits, ctas_per_sm", [
     (8, 2048, 1, 2, 2), (8, 2048, 8, 2, 2), (12, 2048, 4, 2, 2), (24, 2048, 8, 1, 2), (6, 2048, 16, 2, 2),
-    (1, 32768, 8, 33, 2), (2, 8192, 4, 16, 2), (1, 8192, 16, 16, 2), (1, 8192, 128, 8, 1)])
+    (1, 32768, 8, 33, 2), (2, 8192, 4, 16, 2), (1, 8192, 16, 16, 2), (1, 8192, 128, 8, 1), (22, 8192, 16, 2, 1)])
 def test_paged_tiles_fill_the_sms_at_small_batch(batch, capacity, page, splits, ctas_per_sm):
     """A paged CTA streams slower than a dense one, so where one-split tiles leave SMs idle the policy runs more CTAs:
     tiles over a third of a wave split in two at two CTAs a SM (B=6-12; by TMA too), where a dense cache keeps one
     split; gathered tiles just past a wave (B=24) run two CTAs a SM, and under a third of a wave (B=1, 2) fill a wave of
     two a SM with plain splits; over 16-row pages batch 1's wave of splits stays plain, over 128-row pages one cluster
-    of 8 (bench/LOG.md d37-d40). Counts for 132 SMs (H100, H200)."""
+    of 8; past a wave (B=22 over 16-row pages, 1.33 waves) two splits at one CTA a SM (bench/LOG.md d37-d40, d42).
+    Counts for 132 SMs (H100, H200)."""
     from codegen import decode
     from codegen.families.decode_sm90.plan import GATHER_MAX_PAGE_ROWS
 
