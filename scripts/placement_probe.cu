@@ -15,14 +15,6 @@
 
 constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2, kBlockN = 128, kStages = 3, kThreads = 96;
 
-__device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          dst),
-      "l"(map), "r"(bar), "r"(x), "r"(y)
-      : "memory");
-}
-
 struct Stamp {
   unsigned long long start, end;
   unsigned sm, pad;
@@ -45,7 +37,8 @@ __global__ void tma_stream(const __grid_constant__ CUtensorMap mk, const __grid_
       const unsigned full = acquire_slot(bars, kStages, j, slot_bytes), dst = smem_u32(smem + j % kStages * slot_bytes);
       const int y = batch * seq + j * kBlockN;
       for (int c = 0; c < 2; ++c) tma_2d(dst + c * kBlockN * 128, &mk, full, head * kHeadDim + c * 64, y);
-      for (int c = 0; c < 2; ++c) tma_2d(dst + slot_bytes / 2 + c * kBlockN * 128, &mv, full, head * kHeadDim + c * 64, y);
+      for (int c = 0; c < 2; ++c)
+        tma_2d(dst + slot_bytes / 2 + c * kBlockN * 128, &mv, full, head * kHeadDim + c * 64, y);
     }
     return;
   }
@@ -65,17 +58,6 @@ __global__ void tma_stream(const __grid_constant__ CUtensorMap mk, const __grid_
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     stamps[blockIdx.y * gridDim.x + blockIdx.x] = Stamp{t0, t1, sm, 0};
   }
-}
-
-static CUtensorMap make_map(void* base, int kv_heads, long long rows) {
-  CUtensorMap m;
-  cuuint64_t dims[2] = {(cuuint64_t)kv_heads * kHeadDim, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)kv_heads * kRowBytes};
-  cuuint32_t box[2] = {64, (cuuint32_t)kBlockN}, elem[2] = {1, 1};
-  CHECK(cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return m;
 }
 
 static void stats(const char* what, std::vector<double>& us) {
@@ -107,7 +89,8 @@ int main() {
   CHECK(cudaFuncSetAttribute(tma_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tma_stream, kThreads, smem));
-  const CUtensorMap mk = make_map(k, kv_heads, rows), mv = make_map(v, kv_heads, rows);
+  const CUtensorMap mk = bshd_map_d128(k, kv_heads, rows, kBlockN, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                    mv = bshd_map_d128(v, kv_heads, rows, kBlockN, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   std::printf("%d SMs, %d CTA(s) a SM, %d keys a sequence, %d K/V heads\n", sms, per_sm, seq, kv_heads);
   for (int batch : {4, 8, 9, 10, 11, 12, 14, 16}) {
     const int ctas = kv_heads * batch;
@@ -115,16 +98,8 @@ int main() {
     std::vector<Stamp> host(ctas);
     for (int rep = 0; rep < 6; ++rep) {
       CHECK(cudaMemset(flush, rep, 256 << 20));
-      cudaEvent_t t0, t1;
-      CHECK(cudaEventCreate(&t0));
-      CHECK(cudaEventCreate(&t1));
-      CHECK(cudaEventRecord(t0));
-      tma_stream<<<dim3(kv_heads, batch), kThreads, smem>>>(mk, mv, seq, stamps, sink);
-      CHECK(cudaEventRecord(t1));
-      CHECK(cudaEventSynchronize(t1));
-      CHECK(cudaGetLastError());
-      float t;
-      CHECK(cudaEventElapsedTime(&t, t0, t1));
+      const float t =
+          time_launch_ms([&] { tma_stream<<<dim3(kv_heads, batch), kThreads, smem>>>(mk, mv, seq, stamps, sink); });
       if (rep) ms.push_back(t);
     }
     CHECK(cudaMemcpy(host.data(), stamps, sizeof(Stamp) * ctas, cudaMemcpyDeviceToHost));

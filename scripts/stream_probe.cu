@@ -14,13 +14,6 @@
 
 constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2;
 
-__device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          dst),
-      "l"(map), "r"(bar), "r"(x), "r"(y)
-      : "memory");
-}
 struct Args {
   int seq, block_n, stages, work_ns, consumer_warps;
   float* sink;
@@ -94,17 +87,6 @@ __global__ void cpasync_stream(const unsigned char* k, const unsigned char* v, i
   if (acc == 12345.f) a.sink[0] = acc;
 }
 
-static CUtensorMap make_map(void* base, int kv_heads, long long rows, int block_n, CUtensorMapL2promotion promo) {
-  CUtensorMap m;
-  cuuint64_t dims[2] = {(cuuint64_t)kv_heads * kHeadDim, (cuuint64_t)rows};
-  cuuint64_t strides[1] = {(cuuint64_t)kv_heads * kRowBytes};
-  cuuint32_t box[2] = {64, (cuuint32_t)block_n}, elem[2] = {1, 1};
-  CHECK(cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  return m;
-}
-
 int main() {
   const int batch = 32, seq = 8192, kv_heads = 8;
   const long long rows = (long long)batch * seq, bytes = rows * kv_heads * kRowBytes;
@@ -117,9 +99,6 @@ int main() {
   CHECK(cudaMemset(v, 0, bytes));
   unsigned char* flush;  // evicts the caches from L2 between runs
   CHECK(cudaMalloc(&flush, 256 << 20));
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CHECK(cudaFuncSetAttribute(tma_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
@@ -153,20 +132,17 @@ int main() {
                                          : c.promo == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
                                          : c.promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
                                                           : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-    CUtensorMap mk = make_map(k, kv_heads, rows, c.block_n, promo), mv = make_map(v, kv_heads, rows, c.block_n, promo);
+    CUtensorMap mk = bshd_map_d128(k, kv_heads, rows, c.block_n, promo),
+                mv = bshd_map_d128(v, kv_heads, rows, c.block_n, promo);
     std::vector<float> ms;
     for (int rep = 0; rep < 6; ++rep) {
       CHECK(cudaMemset(flush, rep, 256 << 20));
-      CHECK(cudaEventRecord(t0));
-      if (tma)
-        tma_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(mk, mv, a);
-      else
-        cpasync_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(k, v, kv_heads * kRowBytes, a);
-      CHECK(cudaEventRecord(t1));
-      CHECK(cudaEventSynchronize(t1));
-      CHECK(cudaGetLastError());
-      float t;
-      CHECK(cudaEventElapsedTime(&t, t0, t1));
+      const float t = time_launch_ms([&] {
+        if (tma)
+          tma_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(mk, mv, a);
+        else
+          cpasync_stream<<<dim3(kv_heads, batch), c.threads, smem>>>(k, v, kv_heads * kRowBytes, a);
+      });
       if (rep) ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());

@@ -77,3 +77,43 @@ __device__ __forceinline__ float consume_blocks(unsigned long long* bars, const 
   }
   return acc;
 }
+
+// A 2D TMA box into shared memory at `dst`, completing on the mbarrier `bar` (column x, row y).
+__device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(map), "r"(bar), "r"(x), "r"(y)
+      : "memory");
+}
+
+// Decode's bshd cache at D=128 (bf16) as the decode kernel's K/V maps see it: (kv_heads x 128) columns of `rows`
+// rows, boxes of 64 columns x block_n rows, the 128-byte swizzle.
+static CUtensorMap bshd_map_d128(void* base, int kv_heads, long long rows, int block_n, CUtensorMapL2promotion promo) {
+  CUtensorMap m;
+  cuuint64_t dims[2] = {(cuuint64_t)kv_heads * 128, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)kv_heads * 256};
+  cuuint32_t box[2] = {64, (cuuint32_t)block_n}, elem[2] = {1, 1};
+  CHECK(cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  return m;
+}
+
+// Milliseconds of one launch (`launch()` enqueues it), by CUDA events around it; the launch's errors checked.
+template <class Launch>
+static float time_launch_ms(Launch&& launch) {
+  static cudaEvent_t t0 = nullptr, t1 = nullptr;
+  if (!t0) {
+    CHECK(cudaEventCreate(&t0));
+    CHECK(cudaEventCreate(&t1));
+  }
+  CHECK(cudaEventRecord(t0));
+  launch();
+  CHECK(cudaEventRecord(t1));
+  CHECK(cudaEventSynchronize(t1));
+  CHECK(cudaGetLastError());
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  return ms;
+}
