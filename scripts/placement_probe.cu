@@ -2,18 +2,20 @@
 // a cliff between 64 and 72 CTAs on an H100).
 //
 //   nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/placement_probe scripts/placement_probe.cu -lcuda && /tmp/placement_probe
+//   /tmp/placement_probe BLOCK_N STAGES    (the ring: 128-row blocks, 3 slots unless told)
 //
-// The stream is scripts/stream_probe.cu's TMA ring (one CTA per (K/V head, sequence), 128-row blocks, no
-// attention), one CTA a SM. Each CTA records its SM (%smid) and its first and last globaltimer. Per batch the
-// probe prints the launch's rate and each CTA's stream time, grouped by whether the other SM of its pair
-// (smid ^ 1, the pair taken to be a TPC) holds a CTA of the same launch, and by how many CTAs its pair's
-// neighbourhood of 16 SMs holds (a stand-in for a GPC, whose real SM list the driver does not expose).
+// The stream is scripts/stream_probe.cu's TMA ring (one CTA per (K/V head, sequence), no attention), one CTA a
+// SM. Each CTA records its SM (%smid) and its first and last globaltimer. Per batch the probe prints the launch's
+// rate and each CTA's stream time, grouped by whether the other SM of its pair (smid ^ 1, the pair taken to be a
+// TPC) holds a CTA of the same launch, and by how many CTAs its neighbourhood of 16 SMs holds (a stand-in for a
+// GPC, whose real SM list the driver does not expose).
 #include <algorithm>
 #include <vector>
 
 #include "stream_ring.cuh"
 
-constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2, kBlockN = 128, kStages = 3, kThreads = 96;
+constexpr int kHeadDim = 128, kRowBytes = kHeadDim * 2, kThreads = 96;
+constexpr size_t kOneCtaSmem = 120 * 1024;  // at least this much shared memory a CTA: one CTA a SM whatever the ring
 
 struct Stamp {
   unsigned long long start, end;
@@ -21,34 +23,34 @@ struct Stamp {
 };
 
 __global__ void tma_stream(const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv, int seq,
-                           Stamp* stamps, float* sink) {
+                           int block_n, int stages, Stamp* stamps, float* sink) {
   extern __shared__ __align__(1024) unsigned char raw[];
   unsigned char* smem = (unsigned char*)(((size_t)raw + 1023) & ~(size_t)1023);
-  unsigned long long* bars = (unsigned long long*)(smem + kStages * kBlockN * kRowBytes * 2);
-  const int head = blockIdx.x, batch = blockIdx.y, blocks = seq / kBlockN;
-  const unsigned slot_bytes = kBlockN * kRowBytes * 2;
+  unsigned long long* bars = (unsigned long long*)(smem + stages * block_n * kRowBytes * 2);
+  const int head = blockIdx.x, batch = blockIdx.y, blocks = seq / block_n;
+  const unsigned slot_bytes = block_n * kRowBytes * 2;
   unsigned long long t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  init_ring(bars, kStages, kThreads / 32 - 1);
+  init_ring(bars, stages, kThreads / 32 - 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
     if (lane != 0) return;
     for (int j = 0; j < blocks; ++j) {
-      const unsigned full = acquire_slot(bars, kStages, j, slot_bytes), dst = smem_u32(smem + j % kStages * slot_bytes);
-      const int y = batch * seq + j * kBlockN;
-      for (int c = 0; c < 2; ++c) tma_2d(dst + c * kBlockN * 128, &mk, full, head * kHeadDim + c * 64, y);
+      const unsigned full = acquire_slot(bars, stages, j, slot_bytes), dst = smem_u32(smem + j % stages * slot_bytes);
+      const int y = batch * seq + j * block_n;
+      for (int c = 0; c < 2; ++c) tma_2d(dst + c * block_n * 128, &mk, full, head * kHeadDim + c * 64, y);
       for (int c = 0; c < 2; ++c)
-        tma_2d(dst + slot_bytes / 2 + c * kBlockN * 128, &mv, full, head * kHeadDim + c * 64, y);
+        tma_2d(dst + slot_bytes / 2 + c * block_n * 128, &mv, full, head * kHeadDim + c * 64, y);
     }
     return;
   }
   float acc = 0.f;
   for (int j = 0; j < blocks; ++j) {
-    const int s = j % kStages;
-    mbar_wait(smem_u32(bars + s), (j / kStages) & 1);
+    const int s = j % stages;
+    mbar_wait(smem_u32(bars + s), (j / stages) & 1);
     acc += ((const float*)(smem + s * slot_bytes))[lane];
     __syncwarp();
-    if (lane == 0) mbar_arrive(smem_u32(bars + kStages + s));
+    if (lane == 0) mbar_arrive(smem_u32(bars + stages + s));
   }
   if (acc == 12345.f) sink[0] = acc;
   if (warp == 1 && lane == 0) {
@@ -69,7 +71,8 @@ static void stats(const char* what, std::vector<double>& us) {
               us[us.size() / 2], sum / us.size(), us.back());
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const int block_n = argc > 1 ? std::atoi(argv[1]) : 128, stages = argc > 2 ? std::atoi(argv[2]) : 3;
   const int max_batch = 16, seq = 8192, kv_heads = 8;
   const long long rows = (long long)max_batch * seq, bytes = rows * kv_heads * kRowBytes;
   unsigned char *k, *v;
@@ -85,21 +88,23 @@ int main() {
   CHECK(cudaMalloc(&flush, 256 << 20));
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t smem = (size_t)kStages * kBlockN * kRowBytes * 2 + 1024 + 64;
+  const size_t smem = std::max(kOneCtaSmem, (size_t)stages * block_n * kRowBytes * 2 + 1024 + 64);
   CHECK(cudaFuncSetAttribute(tma_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tma_stream, kThreads, smem));
-  const CUtensorMap mk = bshd_map_d128(k, kv_heads, rows, kBlockN, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
-                    mv = bshd_map_d128(v, kv_heads, rows, kBlockN, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-  std::printf("%d SMs, %d CTA(s) a SM, %d keys a sequence, %d K/V heads\n", sms, per_sm, seq, kv_heads);
+  const CUtensorMap mk = bshd_map_d128(k, kv_heads, rows, block_n, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                    mv = bshd_map_d128(v, kv_heads, rows, block_n, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  std::printf("%d SMs, %d CTA(s) a SM, %d keys a sequence, %d K/V heads, %d-row blocks, %d slots\n", sms, per_sm, seq,
+              kv_heads, block_n, stages);
   for (int batch : {4, 8, 9, 10, 11, 12, 14, 16}) {
     const int ctas = kv_heads * batch;
     std::vector<float> ms;
     std::vector<Stamp> host(ctas);
     for (int rep = 0; rep < 6; ++rep) {
       CHECK(cudaMemset(flush, rep, 256 << 20));
-      const float t =
-          time_launch_ms([&] { tma_stream<<<dim3(kv_heads, batch), kThreads, smem>>>(mk, mv, seq, stamps, sink); });
+      const float t = time_launch_ms([&] {
+        tma_stream<<<dim3(kv_heads, batch), kThreads, smem>>>(mk, mv, seq, block_n, stages, stamps, sink);
+      });
       if (rep) ms.push_back(t);
     }
     CHECK(cudaMemcpy(host.data(), stamps, sizeof(Stamp) * ctas, cudaMemcpyDeviceToHost));
