@@ -74,6 +74,10 @@ static void stats(const char* what, std::vector<double>& us) {
 int main(int argc, char** argv) {
   const int block_n = argc > 1 ? std::atoi(argv[1]) : 128, stages = argc > 2 ? std::atoi(argv[2]) : 3;
   const int max_batch = 16, seq = 8192, kv_heads = 8;
+  if (block_n < 8 || block_n > 256 || seq % block_n || stages < 1) {
+    std::printf("usage: placement_probe [BLOCK_N (8-256, dividing %d)] [STAGES (1 or more)]\n", seq);
+    return 2;
+  }
   const long long rows = (long long)max_batch * seq, bytes = rows * kv_heads * kRowBytes;
   unsigned char *k, *v;
   float* sink;
@@ -92,6 +96,10 @@ int main(int argc, char** argv) {
   CHECK(cudaFuncSetAttribute(tma_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   int per_sm = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tma_stream, kThreads, smem));
+  if (per_sm == 0) {
+    std::printf("a ring of %d slots of %d rows (%zu bytes) does not fit a SM\n", stages, block_n, smem);
+    return 2;
+  }
   const CUtensorMap mk = bshd_map_d128(k, kv_heads, rows, block_n, CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
                     mv = bshd_map_d128(v, kv_heads, rows, block_n, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
   std::printf("%d SMs, %d CTA(s) a SM, %d keys a sequence, %d K/V heads, %d-row blocks, %d slots\n", sms, per_sm, seq,
@@ -109,7 +117,7 @@ int main(int argc, char** argv) {
     }
     CHECK(cudaMemcpy(host.data(), stamps, sizeof(Stamp) * ctas, cudaMemcpyDeviceToHost));
     std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2], read = 2.0 * ctas / kv_heads * seq * kv_heads * kRowBytes;
+    const double med = ms[ms.size() / 2], read = 2.0 * ctas * seq * kRowBytes;  // K and V: seq rows of a head each
     std::vector<int> on_sm(sms + 1, 0);
     for (const Stamp& s : host) on_sm[s.sm]++;
     int pairs_two = 0, pairs_one = 0;
