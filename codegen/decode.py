@@ -222,32 +222,26 @@ def choose_head_pack(spec: DecodeSpec, tiles: int, sms: int) -> int:
 
 def choose_splits(ctas: int, blocks: int, sms: int, *, small_pages: bool = False, gathered: bool = False,
                   two_ctas: bool = False) -> int:
-    """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs (one CTA each; bench/LOG.md,
-    "Decode"). Where the tiles leave most SMs idle (B=1 to 5 at 8 K/V heads), as many splits as one wave holds, each of
-    MIN_BLOCKS_PER_SPLIT blocks or more, but no more than a cluster holds where that is at most half of them
-    (clustered splits merge after the cluster barrier: at B=1, 8 splits against 16 were 1.129x / 0.963x cuDNN at
-    2k keys, 1.086x / 1.050x at 8k, 1.012x / 1.017x at 32k; d10); otherwise the split merge pays only on long
-    caches, so splits of SPLIT_MIN_BLOCKS blocks or more, at most one wave (B=8: one split at 2k, 1.15x against
-    1.08x for two; two at 8k and 32k). fit_clusters then keeps every tile's cluster resident. The wave reaches up to
-    a third of the SMs' worth of tiles (it was an eighth): B=3 x 8k 0.875x with 2 splits, 1.048x with 4 (what the
-    wave and the fit give), 1.062x with 3; B=4 x 2k 0.862x with 1, 1.070x with 3 (d15b). Tiles of more than one wave
-    and under TWO_SPLIT_MAX_WAVES take two splits where each keeps SPLIT_MIN_BLOCKS blocks (d24).
-    `gathered` (pages copied by cp.async, whose CTAs each stream slower than a TMA CTA: more, shorter streams pay)
-    keeps the whole wave instead of a cluster: B=1 x 32k over 8-row pages 0.70x cuDNN with 8 clustered splits, 0.91x
-    with 16; x 8k 0.88x, 1.03x (H100, bench/LOG.md d36); and where most SMs have a tile, fills the wave down to
-    MIN_BLOCKS_PER_SPLIT blocks a split: B=8 x 2k over 8-row pages 0.80x with one split, 1.04x with two; 1-row pages
-    0.84x, 0.98x (d37). With `small_pages` (at most SMALL_PAGE_ROWS rows a page, gathered or by TMA) and `two_ctas`
-    (the tiles fit two CTAs a SM, which choose_ctas_per_sm then takes for split tiles that fill most of the SMs), tiles
-    of more than a third of a wave split in two (B=12 x 2k over 8-row pages 0.850x -> 0.928x, at one CTA a SM 0.744x;
-    B=6 x 2k over 16-row pages 0.973x -> 1.179x); gathered tiles past a wave stay whole at two CTAs a SM (d38), and
-    under a third of a wave fill a wave of two CTAs a SM (B=1 x 32k over 8-row pages 0.902x -> 0.983x, B=2 x 2k 1.066x
-    -> 1.331x; fit_clusters then trims clusters that would not all be resident: B=4 with 8 splits 0.786x, 6 0.992x;
-    d39). Over 16-row pages by TMA a wave of 9-16 splits stays plain too (B=1 x 32k 0.979x as a cluster of 8, 1.046x
-    as 16 splits), but not over 32- or 128-row pages (1.069x, 1.084x as a cluster; 1.046x, 1.048x plain; d40).
-    Dense tiles (or pages of more rows) over half a wave and up to DENSE_TWO_SPLIT_MAX_FILL of one split in two
-    where two CTAs a SM fit: B=9 x 2k / 8k / 32k 0.871x / 0.798x / 0.789x -> 0.986x / 0.949x / 0.950x, B=12 0.922x /
-    0.878x -> 0.955x / 0.941x, B=13 0.957x / 0.910x -> 0.984x / 0.969x (H100; d41). Past a wave, tiles over small
-    pages take two splits up to SMALL_PAGE_TWO_SPLIT_MAX_WAVES waves (d42)."""
+    """Splits of each tile's `blocks` key blocks for `ctas` tiles on `sms` SMs, by how much of a wave of one-CTA tiles
+    there is. `small_pages`: at most SMALL_PAGE_ROWS rows a page (gathered or by TMA), whose CTAs stream slower than a
+    dense cache's, so they take more CTAs (larger pages plan as "dense" below); `gathered`: pages copied by cp.async
+    (slower still); `two_ctas`: the tiles fit two CTAs a SM. Each rule's measurements are in bench/LOG.md ("Decode",
+    the entries named):
+
+    | tiles / SMs | cache                                    | splits                                    | entry     |
+    |-------------|------------------------------------------|-------------------------------------------|-----------|
+    | <= 1/3      | dense                                    | a wave, 9-16 folded into a cluster of 8   | d10, d15b |
+    | <= 1/3      | small pages                              | a wave, plain (gathered, 2 CTAs a SM: 2x) | d36-d40   |
+    | 1/3 - 1     | small pages, two CTAs a SM fit           | a wave, at least two                      | d37, d39  |
+    | 1/3 - 1     | gathered, two CTAs a SM do not fit       | a wave                                    | d37       |
+    | 1/2 - 7/8   | dense, two CTAs a SM fit                 | two (DENSE_TWO_SPLIT_MAX_FILL)            | d41       |
+    | 1/3 - 1     | dense, otherwise                         | a wave of SPLIT_MIN_BLOCKS-block splits   | d10       |
+    | 1 - 1.25    | dense; small pages to 1.4 waves (but not | two of SPLIT_MIN_BLOCKS blocks            | d24, d42  |
+    |             | gathered ones at two CTAs a SM)          |                                           |           |
+    | more        |                                          | one                                       |           |
+
+    Every split keeps MIN_BLOCKS_PER_SPLIT blocks or more. fit_clusters then trims a count whose clusters would not all
+    be resident below a wave, and choose_ctas_per_sm takes two CTAs a SM for split tiles that fill most of the SMs."""
     small_pages = small_pages or gathered
     two_split_waves = SMALL_PAGE_TWO_SPLIT_MAX_WAVES if small_pages else TWO_SPLIT_MAX_WAVES
     if sms < ctas < two_split_waves * sms and not (gathered and two_ctas):
