@@ -169,7 +169,7 @@ def _facts(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> int:
+def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int, two_ctas: bool | None = None) -> int:
     """CTAs per SM for `tiles` tiles of `splits` splits each: two (one consumer warpgroup each) where the tile fits
     that layout and either one-split tiles fill TWO_CTA_MIN_WAVES waves (d24), for a paged cache at any count and for a
     dense one up to TWO_CTA_MAX_WAVES waves, or fewer tiles than SMs are split into at least SPLIT_TWO_CTA_MIN_FILL of
@@ -180,7 +180,8 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     1.031x -> 1.049x / 1.008x -> 1.026x, B=6 1.023x -> 1.099x / 1.000x -> 1.072x, B=4 0.990x -> 1.018x / 0.959x -> 0.980x,
     B=3 1.046x -> 1.086x / 0.995x -> 1.033x, B=2 1.082x -> 1.109x / 0.987x -> 1.034x; D=64, S_q=4 and 64/8 heads +1.6-4.6%;
     but B=1 (8 tiles of 8 splits: 64 CTAs, half the SMs) 1.076x -> 1.040x at 32k. Gathered pages take two a SM from
-    just past one wave of one-CTA tiles: B=24 x 2k over 8-row pages 0.851x -> 0.969x, 4-row 0.796x -> 0.983x (d38)."""
+    just past one wave of one-CTA tiles: B=24 x 2k over 8-row pages 0.851x -> 0.969x, 4-row 0.796x -> 0.983x (d38).
+    `two_ctas`: whether the tiles fit two CTAs a SM, where the caller already asked two_ctas_fit (None: ask it)."""
     if splits > 1 and tiles < sms:
         wanted = tiles * splits >= SPLIT_TWO_CTA_MIN_FILL * sms
     elif spec.gather:  # past a wave of one-CTA tiles, one wave of two a SM (d38)
@@ -188,7 +189,7 @@ def choose_ctas_per_sm(spec: DecodeSpec, tiles: int, splits: int, sms: int) -> i
     else:
         waves_ok = spec.page_size > 0 or tiles <= TWO_CTA_MAX_WAVES * sms
         wanted = splits == 1 and tiles >= TWO_CTA_MIN_WAVES * sms and waves_ok
-    return 2 if wanted and two_ctas_fit(spec) else 1
+    return 2 if wanted and (two_ctas_fit(spec) if two_ctas is None else two_ctas) else 1
 
 
 def two_ctas_fit(spec: DecodeSpec) -> bool:
@@ -481,7 +482,7 @@ def _make_launcher(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
                                              small_pages=0 < page_size <= SMALL_PAGE_ROWS,
                                              gathered=spec.gather, two_ctas=two_ctas)
         if not ctas_per_sm:
-            spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms))
+            spec = spec.replace(ctas_per_sm=choose_ctas_per_sm(spec, tiles, splits, sms, two_ctas))
         spec = resolve(spec)
     except (SpecError, TypeError) as e:
         raise InputError(str(e)) from None

@@ -583,6 +583,7 @@ def test_two_ctas_per_sm_are_chosen_where_one_split_tiles_fill_the_sms():
 
     spec = DecodeSpec(heads=32, kv_heads=8, head_dim=128)
     assert choose_ctas_per_sm(spec, tiles=256, splits=1, sms=132) == 2
+    assert choose_ctas_per_sm(spec, tiles=256, splits=1, sms=132, two_ctas=False) == 1  # the caller's answer stands
     assert choose_ctas_per_sm(spec, tiles=245, splits=1, sms=132) == 2
     assert choose_ctas_per_sm(spec, tiles=244, splits=1, sms=132) == 1  # the SMs holding two CTAs would be the tail
     assert choose_ctas_per_sm(spec, tiles=132, splits=1, sms=132) == 1
