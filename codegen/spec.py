@@ -69,10 +69,6 @@ class KernelSpec:
     # tile's cluster has an idle peer); persistent only where the tiles are alike (`pairs_alike_tiles`: the pair's
     # rings then advance together). None: codegen.policy decides.
     multicast: bool | None = None
-    # Each consumer holds its 64 query rows of Q in registers (head_dim / 4 of them, loaded once a tile) and QK^T
-    # reads Q from there (wgmma's register-A form): every key block's QK then reads only K from shared memory.
-    # Costs the registers, so it fits where S, P, O and Q do. None: codegen.policy decides.
-    q_in_registers: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
@@ -99,13 +95,11 @@ class KernelSpec:
             _require(self.block_n in SUPPORTED_BLOCK_N,
                      f"block_n {self.block_n} must be a multiple of {MMA_K} in {SUPPORTED_BLOCK_N[0]}.."
                      f"{SUPPORTED_BLOCK_N[-1]} (16-key MMA slices of P V; at most 256, the widest wgmma)")
-            q_regs = self.head_dim // 4 if self.q_in_registers else 0
-            regs = self.block_n // 2 + self.block_n // 4 + self.head_dim // 2 + q_regs
+            regs = self.block_n // 2 + self.block_n // 4 + self.head_dim // 2
             _require(regs <= MAX_ACCUMULATOR_REGISTERS,
                      f"block_n {self.block_n} with head_dim {self.head_dim} needs {regs} accumulator registers per "
-                     f"consumer thread (S {self.block_n // 2} + P {self.block_n // 4} + O {self.head_dim // 2}"
-                     + (f" + Q {q_regs}" if q_regs else "") + f"), over the {MAX_ACCUMULATOR_REGISTERS} that fit "
-                     "without spilling; use a smaller block_n" + (" or q_in_registers=False" if q_regs else ""))
+                     f"consumer thread (S {self.block_n // 2} + P {self.block_n // 4} + O {self.head_dim // 2}), over "
+                     f"the {MAX_ACCUMULATOR_REGISTERS} that fit without spilling; use a smaller block_n")
         # One stage is not offered: every load would wait for the MMA that frees its only slot, so nothing would
         # load under compute (and the kernel's ring logic is only tested from 2 up).
         deepest = MAX_STAGES_BY_ARCH.get(self.arch, 4)
@@ -127,8 +121,6 @@ class KernelSpec:
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
-        _require(self.q_in_registers in (None, True, False),
-                 f"q_in_registers must be True, False or None (the default for the shape), got {self.q_in_registers!r}")
         _require(self.multicast in (None, True, False),
                  f"multicast must be True, False or None (the default for the shape), got {self.multicast!r}")
         if self.multicast:
@@ -194,7 +186,7 @@ class KernelSpec:
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
-                + ("_mc" if self.multicast is True else "") + ("_qreg" if self.q_in_registers is True else "")
+                + ("_mc" if self.multicast is True else "")
                 + ("" if self.short_tail else "_fulltail")
                 + ("_trace" if self.trace else ""))
 

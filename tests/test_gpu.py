@@ -357,31 +357,6 @@ def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persisten
                  tuning=dict(block_n=block_n, persistent=persistent, short_tail=short_tail))
 
 
-# --- q_in_registers: each consumer loads its Q tile into registers once a tile; QK^T takes it as the A operand ----
-# Where S, P, O and Q fit: D=64, 96 and 128 at 128-key blocks. Causal per-tile grids (the rows it is for), dense and
-# persistent tiles (the next tile's Q lands in the slot the registers were loaded from), a short tail block, GQA,
-# a window with a soft cap, fewer keys than queries; varlen below.
-@pytest.mark.parametrize("seq_q, seq_k, head_dim, causal, kv_heads, window, softcap, persistent", [
-    (4096, 4096, 128, True, 16, None, 0.0, None),    # the causal per-tile grid
-    (1000, 1000, 128, True, 4, None, 0.0, None),     # short causal: persistent by the policy
-    (2048, 2048, 128, False, 16, None, 0.0, True),   # persistent dense tiles, Q reloaded per tile
-    (1000, 5000, 128, False, 16, None, 0.0, False),  # 5000 = 39 x 128 + 8: a short tail block
-    (700, 900, 128, True, 2, (256, -1), 20.0, None),
-    (1024, 1024, 64, True, 16, None, 0.0, None),
-    (1000, 1000, 96, False, 4, None, 0.0, None),
-    (900, 300, 128, True, 16, None, 0.0, None),      # the first query rows see no key
-])
-def test_q_in_registers(seq_q, seq_k, head_dim, causal, kv_heads, window, softcap, persistent):
-    run_coverage(2, seq_q, seq_k, 16, kv_heads, head_dim, causal=causal, window=window, softcap=softcap,
-                 scale_inputs=2.0 if softcap else 1.0,
-                 tuning=dict(block_n=128, q_in_registers=True, persistent=persistent))
-
-
-@pytest.mark.parametrize("causal", (False, True))
-def test_q_in_registers_varlen(causal):
-    run_varlen(RAGGED, RAGGED, 8, 2, 128, causal=causal, tuning=dict(block_n=128, q_in_registers=True))
-
-
 # --- multicast: query tiles 2c, 2c+1 as a two-CTA cluster, each key block both visit loaded once for both --------
 # Causal pairs share all but the longer tile's last block(s); fewer keys than queries leave pairs whose first tile
 # (or both) sees no key; a right window and a short tail block; D from 64 to 256 (block_n 64 to 176); GQA.
