@@ -72,10 +72,6 @@ class KernelSpec:
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
-    # Causal tiles whose last key block is the diagonal one (key blocks as tall as query tiles, S_k - S_q a multiple
-    # of them): the first consumer's rows see only the block's first keys, so its last QK^T and PV run over those
-    # (Plan.diagonal_n). Off: both consumers run the whole block, masked.
-    narrow_diagonal: bool = True
     # Learned attention sinks (gpt-oss): the kernel takes a float (H,) array of logits, natural-log units, that join
     # each row's softmax denominator (never attended: no value) and its logsumexp.
     sinks: bool = False
@@ -122,8 +118,6 @@ class KernelSpec:
                  f"tile_overlap must be True, False or None (the default for the shape), got {self.tile_overlap!r}")
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
-        _require(isinstance(self.narrow_diagonal, bool),
-                 f"narrow_diagonal must be True or False, got {self.narrow_diagonal!r}")
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
@@ -193,7 +187,7 @@ class KernelSpec:
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
                 + ("_mc" if self.multicast is True else "")
-                + ("" if self.short_tail else "_fulltail") + ("" if self.narrow_diagonal else "_fulldiag")
+                + ("" if self.short_tail else "_fulltail")
                 + ("_trace" if self.trace else ""))
 
     def replace(self, **changes) -> "KernelSpec":

@@ -252,9 +252,6 @@ constexpr int kWindowLeft = -1, kWindowRight = -1;
 constexpr float kSoftcap = 0.0f;  // 0: off
 // The last key block holds kTailN keys rounded up to 16 (0: every block is whole): its QK and PV are narrower.
 constexpr int kTailN = 0;
-// Causal tiles whose last key block is the diagonal one: consumer 0's rows see only its first kDiagonalN keys, and
-// its last QK and PV run over those (0: both consumers run every block whole).
-constexpr int kDiagonalN = 0;
 // Modes of this kernel (codegen/families/fwd_sm90: the plan decides each; the code branches with if constexpr).
 constexpr bool kPersistent = true;
 constexpr bool kVarlen = false;
@@ -888,7 +885,7 @@ static __device__ __forceinline__ void release_v(u32 bars, int lane, int v_slot,
   if (lane == 0) release_slot(bar(bars, kBarVEmpty + v_slot), shared);
 }
 
-template <int N> struct Width { static constexpr int value = N; };
+template <bool B> struct Bool { static constexpr bool value = B; };
 
 // Multicast: the peer's consumers release shared slots on this CTA's empty barriers too, so the CTA stays until
 // the last release of each slot its ring used has arrived (as CUTLASS's producer tail): none lands after it exits,
@@ -1028,18 +1025,16 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
                  o_out, lse_row);
     };
     // One steady-state key block t (1 <= t < n_kv): QK(t) with PV(t-1), the softmax of t under PV(t-1), then
-    // O's rescale and P(t). `width`: the columns of S it computes, kBlockN, or fewer for a last block that holds
-    // only kTailN keys or consumer 0's diagonal block (kDiagonalN).
-    auto kv_step = [&](int t, auto width) -> void {
-      constexpr int kWidth = decltype(width)::value;
-      constexpr bool kTail = kWidth != cfg::kBlockN;  // a narrower last block
-      constexpr int kCols = kWidth / 2;
+    // O's rescale and P(t). kTail: t is the last block and holds only kTailN columns.
+    auto kv_step = [&](int t, auto tail) -> void {
+      constexpr bool kTail = decltype(tail)::value;
+      constexpr int kCols = (kTail ? cfg::kTailN : cfg::kBlockN) / 2;
       const int s = ring_slot(ring, t), s_prev = ring_slot(ring, t - 1);
       take_turn(consumer);
       trace(kEvTurn, t);
       mbar_wait(bar(bars, kBarKFull + s), ring_phase(ring, t));
       trace(kEvKReady, t);
-      issue_qk<kWidth>(sc, q_tile, mma_smem + cfg::kKOffset + s * cfg::kKBytes);
+      issue_qk<kTail ? cfg::kTailN : cfg::kBlockN>(sc, q_tile, mma_smem + cfg::kKOffset + s * cfg::kKBytes);
       trace(kEvQkIssued, t);
       mbar_wait(bar(bars, kBarVFull + s_prev), ring_phase(ring, t - 1));
       trace(kEvVReady, t);
@@ -1092,22 +1087,15 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       trace(kEvPacked, 0);
       // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the
       // softmax of block j runs while PV(j-1) does.
-      // Consumer 0 of a tile ending on its diagonal block runs that block narrower (peeled; a single block is
-      // the first step's, whole).
-      const bool diagonal = cfg::kDiagonalN > 0 && consumer == 0 && n_kv > 1;
 #pragma unroll 1
-      for (int t = 1; t < n_kv - (cfg::kTailN > 0 || diagonal ? 1 : 0); ++t) kv_step(t, Width<cfg::kBlockN>{});
+      for (int t = 1; t < n_kv - (cfg::kTailN > 0 ? 1 : 0); ++t) kv_step(t, Bool<false>{});
       // The last key block holds only kTailN keys' worth: its QK and PV run over those (every tile has 2+ blocks).
-      if constexpr (cfg::kTailN > 0) kv_step(n_kv - 1, Width<cfg::kTailN>{});
-      if constexpr (cfg::kDiagonalN > 0) {
-        if (diagonal) kv_step(n_kv - 1, Width<cfg::kDiagonalN>{});
-      }
+      if constexpr (cfg::kTailN > 0) kv_step(n_kv - 1, Bool<true>{});
       // The last block's PV.
       take_turn(consumer);
       trace(kEvTurn, n_kv);
       mbar_wait(bar(bars, kBarVFull + ring_slot(ring, n_kv - 1)), ring_phase(ring, n_kv - 1));
-      const u32 v_last = mma_smem + cfg::kVOffset + ring_slot(ring, n_kv - 1) * cfg::kVBytes;
-      issue_pv_last(o, p, v_last);
+      issue_pv_last(o, p, mma_smem + cfg::kVOffset + ring_slot(ring, n_kv - 1) * cfg::kVBytes);
       pass_turn(consumer);
       trace(kEvIssued, n_kv);
       wgmma_wait<0>();

@@ -590,41 +590,6 @@ def test_short_tail_block_emits_a_narrow_wgmma():
     assert ops["HGMMA.64x128x16.F32.BF16"] == full["HGMMA.64x128x16.F32.BF16"] + 48 // 16
 
 
-@pytest.mark.parametrize("spec, diagonal_n", [
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, causal=True), 64),
-    (KernelSpec(seq_len=1000, heads=8, head_dim=64, causal=True), 64),           # a part last tile, persistent
-    (KernelSpec(seq_len=512, seq_len_k=8192, heads=8, head_dim=128, causal=True), 64),  # 7680 = 60 blocks
-    (KernelSpec(seq_len=1000, seq_len_k=872, heads=8, head_dim=128, causal=True), 64),  # -128: one block back
-    (KernelSpec(seq_len=512, seq_len_k=8000, heads=8, head_dim=128, causal=True), 0),   # 7488: mid-block
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, causal=True, block_n=176), 0),     # blocks taller than tiles
-    (KernelSpec(seq_len=4096, heads=8, head_dim=256, causal=True), 0),                  # 64-key blocks
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, causal=True, varlen=True), 0),     # lengths at run time
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, window=(256, 0)), 64),             # a left window: still
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, window=(256, 64), block_n=128), 0),  # a right bound past it
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, block_n=128), 0),                  # no causal bound
-    (KernelSpec(seq_len=4096, heads=8, head_dim=128, causal=True, narrow_diagonal=False), 0),
-])
-def test_narrow_diagonal_where_the_last_block_is_the_diagonal(spec, diagonal_n):
-    plan = make_plan(spec)
-    assert plan.diagonal_n == diagonal_n
-    assert plan.qk_overwrites or not diagonal_n  # its narrower QK must not leave stale S registers live
-
-
-def test_narrow_diagonal_emits_a_narrow_wgmma_for_consumer_0():
-    """The causal (4096, 128) kernel: consumer 0's peeled diagonal step adds a 64-wide QK (8 k-slices of 64 x 64)
-    and a 64-key PV (4 slices) to the kernel, without spills or a serialized wgmma pipeline (which the build
-    raises); narrow_diagonal=False has neither wgmma."""
-    spec = KernelSpec(seq_len=4096, heads=8, head_dim=128, dtype="bf16", causal=True)
-    built = build(spec, use_cache=False)
-    ops = sass.opcode_counts(sass.disassemble(built.compiled.cubin), modifiers=True)
-    whole = sass.opcode_counts(sass.disassemble(build(spec.replace(narrow_diagonal=False), use_cache=False)
-                                                .compiled.cubin), modifiers=True)
-    assert ops["HGMMA.64x64x16.F32.BF16"] == 128 // 16 and whole["HGMMA.64x64x16.F32.BF16"] == 0
-    # the peeled step's QK is the narrow one; its PV(t-1) (8 slices) and the last PV over 64 keys (4) are added
-    assert ops["HGMMA.64x128x16.F32.BF16"] == whole["HGMMA.64x128x16.F32.BF16"] + 8 + 4
-    assert built.compiled.spill_stores == {built.plan.spec.name: 0}
-
-
 @pytest.mark.parametrize("head_dim", (64, 96, 128, 192, 256))
 def test_every_key_block_compiles_with_a_part_tail(head_dim):
     """1000 keys end in a part block at every block_n: each width that fits the accumulators compiles without

@@ -357,25 +357,6 @@ def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persisten
                  tuning=dict(block_n=block_n, persistent=persistent, short_tail=short_tail))
 
 
-# Causal tiles ending on their diagonal key block (128-key blocks, S_k - S_q a multiple of 128): consumer 0 runs
-# that block's first 64 keys only (narrow_diagonal, Plan.diagonal_n), and against both consumers running it whole.
-# Per-tile and persistent grids (up to 1024 keys), a part last query tile, queries after a key prefix (chunked
-# prefill), fewer keys than queries (the first tiles see none), a left window, a soft cap, D=64 and D=96, GQA.
-@pytest.mark.parametrize("narrow_diagonal", (True, False))
-@pytest.mark.parametrize("seq_q, seq_k, head_dim, kv_heads, window, softcap", [
-    (4096, 4096, 128, 16, None, 0.0),
-    (1000, 1000, 128, 4, None, 0.0),       # persistent; the last tile's rows end at 1000
-    (512, 8192, 128, 4, None, 0.0),        # chunked prefill: the diagonal 60 blocks in
-    (1000, 872, 128, 16, None, 0.0),       # S_k - S_q = -128: tile 0 sees no key
-    (2048, 2048, 128, 2, (300, -1), 20.0),
-    (1024, 1024, 64, 16, None, 0.0),
-    (2000, 2000, 96, 4, None, 0.0),
-])
-def test_narrow_diagonal_block(narrow_diagonal, seq_q, seq_k, head_dim, kv_heads, window, softcap):
-    run_coverage(2, seq_q, seq_k, 16, kv_heads, head_dim, causal=True, window=window, softcap=softcap,
-                 scale_inputs=2.0 if softcap else 1.0, tuning=dict(narrow_diagonal=narrow_diagonal))
-
-
 # --- multicast: query tiles 2c, 2c+1 as a two-CTA cluster, each key block both visit loaded once for both --------
 # Causal pairs share all but the longer tile's last block(s); fewer keys than queries leave pairs whose first tile
 # (or both) sees no key; a right window and a short tail block; D from 64 to 256 (block_n 64 to 176); GQA.

@@ -108,10 +108,8 @@ def mma_operands(plan) -> dict:
 def context(plan: Plan) -> dict:
     s = plan.spec
     tail_n = plan.tail_n
-    diagonal_n = plan.diagonal_n
     _check_fragments(s.block_n, s.head_dim, tail_n)
-    _check_fragments(s.block_n, s.head_dim, diagonal_n)
-    qk_widths = sorted({s.block_n, tail_n or s.block_n, diagonal_n or s.block_n}, reverse=True)
+    qk_widths = sorted({s.block_n, tail_n or s.block_n}, reverse=True)
     abi = plan.abi
     import codegen
     from codegen.cli import regenerate_command
@@ -144,7 +142,6 @@ def context(plan: Plan) -> dict:
         "stages": s.stages,
         "elem_bytes": s.elem_bytes,
         "tail_n": tail_n,
-        "diagonal_n": diagonal_n,
         "modes": modes(plan),
         "qk_widths": qk_widths,
         "qk_wgmmas": [{"name": f"wgmma_qk{n}{'_first' if fresh else ''}", "n": n, "fresh": fresh}
@@ -153,8 +150,6 @@ def context(plan: Plan) -> dict:
         "pv_chunk_sizes": list(s.pv_split),
         # The last block's PV: over a short tail's keys only, else the whole split.
         "last_pv_chunks": plan.chunks_within(tail_n // 16) if tail_n else plan.pv_chunks,
-        # Consumer 0's PV over its diagonal block's first keys (Plan.diagonal_n).
-        "diagonal_pv_chunks": plan.chunks_within(diagonal_n // 16) if diagonal_n else (),
         "o_vector_elems": plan.o_vector_elems,
         "threads": plan.threads,
         "producer_regs": PRODUCER_REGS,

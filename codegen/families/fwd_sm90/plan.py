@@ -242,26 +242,12 @@ class Plan:
         return _align(part, MMA_K)
 
     @property
-    def diagonal_n(self) -> int:
-        """The N of consumer 0's last key block where that block is a causal tile's diagonal one and consumer 0's
-        rows (the tile's first ROWS_PER_CONSUMER) see only its first keys: with key blocks as tall as query tiles
-        and the diagonal a whole number of blocks from the top left (S_k - S_q a multiple of block_n), row i of the
-        tile sees keys up to i of its last block, so consumer 0's last QK and PV run over ROWS_PER_CONSUMER keys (a
-        narrower wgmma, the rest of the block masked anyway) and consumer 1's over the whole block. 0 elsewhere:
-        no causal bound (or a right window), lengths known only at run time, other block shapes or offsets."""
-        s = self.spec
-        if (not s.narrow_diagonal or self.window_bounds[1] != 0 or s.varlen or s.block_n != s.block_m
-                or (s.keys - s.seq_len) % s.block_n != 0):
-            return 0
-        return ROWS_PER_CONSUMER
-
-    @property
     def qk_overwrites(self) -> bool:
         """Whether QK^T's first k-slice writes S without reading it (the others accumulate): where the policy
         measured it faster, and wherever a short tail needs it (its QK leaves S's last registers unwritten, and
         read-modify-write kept them live into the next tile's first QK, so ptxas serialized the wgmma pipeline
-        for want of registers, C7511); the same for consumer 0's narrower diagonal block (diagonal_n)."""
-        return self.spec.head_dim >= policy.QK_OVERWRITES_MIN_HEAD_DIM or self.tail_n > 0 or self.diagonal_n > 0
+        for want of registers, C7511)."""
+        return self.spec.head_dim >= policy.QK_OVERWRITES_MIN_HEAD_DIM or self.tail_n > 0
 
     @property
     def conditional_rescale(self) -> bool:
