@@ -445,9 +445,16 @@ static __device__ __forceinline__ void longest_first(int index, int tiles_m, int
 }
 
 // Tile index -> its tile (persistent CTAs). Consecutive indices share a head, so the CTAs running together read
-// the same K/V through L2; with a moving right bound the long tiles of each head come first. (longest_first here
-// cost the D=96 varlen producer 12 bytes of spills.)
+// the same K/V through L2. With a moving right bound and fixed lengths the tiles come as the per-tile grid's
+// CTAs do (longest_first: L2 sections, each section's longest tiles first across its heads), so no CTA takes a
+// long tile just before the end; varlen keeps each head's long tiles first within the head (longest_first cost
+// the D=96 varlen producer 12 bytes of spills).
 static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
+  if constexpr (cfg::kLongTilesLast && !cfg::kVarlen) {
+    int m_block, pair;
+    longest_first(index, p.tiles_m, cfg::kHeads * p.batches, m_block, pair);
+    return make_tile(p, m_block, pair % cfg::kHeads, pair / cfg::kHeads);
+  }
   const int m_idx = index % p.tiles_m, head = (index / p.tiles_m) % cfg::kHeads, batch = index / p.tiles_m / cfg::kHeads;
   return make_tile(p, cfg::kLongTilesLast ? p.tiles_m - 1 - m_idx : m_idx, head, batch);
 }

@@ -329,6 +329,17 @@ def test_persistent(seq, causal, head_dim):
     run_coverage(3, seq, seq, heads, heads, head_dim, causal=causal, tuning=PERSISTENT)
 
 
+@pytest.mark.parametrize("batch, seq_q, seq_k, heads, kv_heads", [
+    (3, 2048, 2048, 40, 40),   # 120 (sequence, head) pairs in L2 sections of 32: the last holds 24
+    (3, 512, 8192, 16, 4),     # queries after a key prefix, grouped heads: 48 pairs, sections of 32 and 16
+    (1, 4096, 4096, 40, 40),   # 40 pairs, sections of 16: the last holds 8
+])
+def test_persistent_causal_tiles_in_sections(batch, seq_q, seq_k, heads, kv_heads):
+    # Persistent causal CTAs take tiles in the per-tile grid's order (longest first across each L2 section's
+    # pairs): every tile exactly once, whatever the sections.
+    run_coverage(batch, seq_q, seq_k, heads, kv_heads, 128, causal=True, tuning=PERSISTENT)
+
+
 @pytest.mark.parametrize("tile_overlap", (True, False))
 @pytest.mark.parametrize("seq, heads, kv_heads, softcap", [(4096, 16, 16, 0.0), (1000, 16, 4, 20.0),
                                                             (100, 128, 128, 0.0)])
