@@ -93,7 +93,7 @@ def test_launcher_uses_the_derived_tensor_maps(tmp_path):
 
 
 def test_per_tile_launcher_grid(tmp_path):
-    spec = KernelSpec(seq_len=3000, heads=8, head_dim=128, causal=True)  # long causal: one CTA per tile
+    spec = KernelSpec(seq_len=5000, heads=8, head_dim=128, causal=True)  # long causal: one CTA per tile
     bundle = export_bundle(spec, tmp_path)
     plan = bundle.built.plan
     assert not plan.spec.persistent

@@ -80,7 +80,7 @@ def test_signature_params_and_barriers_come_from_the_abi(options):
 
 
 def test_pack_refuses_arguments_that_do_not_match_the_abi():
-    plan = families.make_plan(KernelSpec(seq_len=3000, heads=16, head_dim=128, causal=True))  # per-tile
+    plan = families.make_plan(KernelSpec(seq_len=5000, heads=16, head_dim=128, causal=True))  # per-tile
     values = {p.name: 0 for p in plan.abi.params}
     values.update({f"tmap_{op}": bytes(128) for op in "qkvo"}, scale_log2=1.0)
     assert len(plan.abi.ordered(values)) == len(plan.abi.params)

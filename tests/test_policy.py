@@ -40,8 +40,10 @@ def test_explicit_defaults():
 
     persistent = lambda s: policy.persistent_by_default(s.replace(block_n=policy.default_block_n(s)))  # noqa: E731
     assert persistent(spec(1024, 128)) and persistent(spec(1024, 64)) and persistent(spec(4096, 96))
-    assert not persistent(spec(4096, 128, causal=True)) and not persistent(spec(2048, 128, causal=True))
+    assert not persistent(spec(4096, 128, causal=True)) and not persistent(spec(3073, 128, causal=True))
     assert persistent(spec(1024, 128, causal=True)) and persistent(spec(512, 64, causal=True))
+    assert persistent(spec(2048, 128, causal=True)) and persistent(spec(3072, 96, causal=True))
+    assert not persistent(spec(512, 128, causal=True, seq_len_k=8192))  # the keys decide: long tiles stay per-tile
     assert persistent(spec(4096, 128, varlen=True)) and persistent(spec(4096, 128, varlen=True, causal=True))
     assert not persistent(spec(4096, 128, window=(128, 0))) and persistent(spec(4096, 128, window=(256, -1)))
     assert not persistent(spec(4096, 256)) and not persistent(spec(4096, 192))
