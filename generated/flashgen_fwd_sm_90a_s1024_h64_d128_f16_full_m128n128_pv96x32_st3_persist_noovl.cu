@@ -426,11 +426,11 @@ static __device__ __forceinline__ void longest_first(int index, int tiles_m, int
   m_block = tiles_m - 1 - r / here, pair = first + r % here;
 }
 
-// Tile index -> its tile (persistent CTAs). Consecutive indices share a head, so the CTAs running together read
-// the same K/V through L2. With a moving right bound and fixed lengths the tiles come as the per-tile grid's
-// CTAs do (longest_first: L2 sections, each section's longest tiles first across its heads), so no CTA takes a
-// long tile just before the end; varlen keeps each head's long tiles first within the head (longest_first cost
-// the D=96 varlen producer 12 bytes of spills).
+// Tile index -> its tile (persistent CTAs). Consecutive indices share a head, or with a moving right bound and
+// fixed lengths an L2 section of heads (longest_first, the per-tile grid's order: each section's longest tiles
+// first across its heads, so no CTA takes a long tile just before the end), so the CTAs running together read
+// the same K/V through L2. Varlen keeps each head's long tiles first within the head (longest_first cost the
+// D=96 varlen producer 12 bytes of spills).
 static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
   if constexpr (cfg::kLongTilesLast && !cfg::kVarlen) {
     int m_block, pair;
