@@ -251,7 +251,7 @@ class PreparedAttention:
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
-            sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool = True, persistent: bool | None = None,
+            sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool | None = None, persistent: bool | None = None,
             tile_overlap: bool | None = None, multicast: bool | None = None, short_tail: bool = True,
             trace: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
             max_seqlen_k: int | None = None, check: bool = True) -> PreparedAttention:
@@ -641,7 +641,7 @@ def _check_device(t) -> None:
 
 
 
-KNOB_TYPES = {"block_n": (int,), "stages": (int,), "pingpong": (bool,), "persistent": (bool, type(None)),
+KNOB_TYPES = {"block_n": (int,), "stages": (int,), "pingpong": (bool, type(None)), "persistent": (bool, type(None)),
               "tile_overlap": (bool, type(None)), "multicast": (bool, type(None)), "short_tail": (bool,),
               "trace": (bool,)}
 

@@ -6,8 +6,8 @@ that chose it, and a one-line reason). Rows are tried in order and the first who
 table reads top to bottom as the policy. The measurements themselves are in bench/LOG.md ("Policy evidence
 (moved from codegen/plan.py)" and the version sections the rows name).
 
-The lookup functions (`default_block_n`, `default_pv_split`, `persistent_by_default`, `tile_overlap_by_default`,
-`alike_tiles`) and the constants (`MAX_STAGES`, ..., `PLAIN_BOUNDARY_MAX_KEYS`) are read off the table and keep
+The lookup functions (`default_block_n`, `default_pv_split`, `pingpong_by_default`, `persistent_by_default`,
+`tile_overlap_by_default`, `alike_tiles`) and the constants (`MAX_STAGES`, ..., `PLAIN_BOUNDARY_MAX_KEYS`) are read off the table and keep
 the names, signatures and results the plan had before it read them from here (codegen/families/fwd_sm90/plan.py). `describe()` renders the table for docs.
 
 This module depends on `codegen.spec` only: no plan, no trace, no torch.
@@ -204,6 +204,14 @@ POLICY: tuple[Choice, ...] = (
          "ab-20261205T1145Z-multicast-h100.md", ("v33", "v34"),
          "slower everywhere (H100): pairs 0.956x-1.098x vs 1.143x-1.251x unpaired on the long rows; sharing costs"),
 
+    # --- pingpong: the two consumers take turns issuing their MMAs (KernelSpec.pingpong = None) -----------------
+    _row("pingpong", False, (eq("head_dim", 256), le("keys", 4096)),
+         "ab-20261206T1125Z-d256-pingpong-h100.md", ("v17b", "v39"),
+         "D=256 side by side: (2,4096,16,256) +1.7-4.1% in 4 processes, 2048 keys +0.4-1.0%, 8192 -0.6-1.4% (H100)"),
+    _row("pingpong", True, OTHERWISE,
+         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1125Z-d256-pingpong-h100.md"), ("v12", "v17b", "v23"),
+         "turns keep one consumer's softmax under the other's MMAs: D=128 ties or wins (v12), D=192 a tie (v23)"),
+
     # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
     _row("persistent", False, (is_("multicast"), not_("pairs_alike")),
          (), ("v33", "v34"),
@@ -374,6 +382,11 @@ def default_block_n(spec: KernelSpec) -> int:
 
 def default_pv_split(block_n: int) -> tuple[int, ...]:
     return tuple(choose("pv_split", _KeyBlock(block_n)))
+
+
+def pingpong_by_default(spec: KernelSpec) -> bool:
+    """Whether a spec with pingpong=None has its consumers take turns issuing MMAs."""
+    return choose("pingpong", spec)
 
 
 def persistent_by_default(spec: KernelSpec) -> bool:

@@ -49,7 +49,7 @@ class KernelSpec:
     block_n: int = 0  # 0: the per-head-dim default of codegen.policy
     pv_split: tuple[int, ...] = ()  # () : the default split for this shape
     stages: int = 0  # 0: as many K/V stages as shared memory holds, up to codegen.policy's max_stages
-    pingpong: bool = True  # the two consumer warpgroups take turns issuing MMAs
+    pingpong: bool | None = None  # the two consumer warpgroups take turns issuing MMAs; None: codegen.policy's choice
     seq_len_k: int = 0  # keys (and values); 0: the same as seq_len
     kv_heads: int = 0  # K/V heads, dividing heads (grouped-query; 1 is multi-query); 0: the same as heads
     window: tuple[int, int] = (-1, -1)  # local attention: keys in [i - left, i + right] (bottom-right aligned); -1: unbounded
@@ -184,7 +184,7 @@ class KernelSpec:
         if self.sinks:
             extras += "_sinks"
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
-                f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("" if self.pingpong else "_nopp")
+                f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("_nopp" if self.pingpong is False else "")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
                 + ("_mc" if self.multicast is True else "")
                 + ("" if self.short_tail else "_fulltail")

@@ -23,7 +23,7 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  layout: str, window: Optional[list[int]], softcap: float, pv_split: Optional[list[int]],
                  sinks: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
                  cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
-                 block_n: int, stages: int, pingpong: bool, persistent: Optional[bool],
+                 block_n: int, stages: int, pingpong: Optional[bool], persistent: Optional[bool],
                  tile_overlap: Optional[bool], short_tail: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent, tile_overlap=tile_overlap,
                   short_tail=short_tail)
@@ -136,7 +136,7 @@ def compiled_attention(q, k, v, *, causal, scale, layout, window, softcap, pv_sp
                         None if window is None else [int(w) for w in window], float(softcap),
                         None if pv_split is None else [int(c) for c in pv_split], sinks, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, int(tuning.get("block_n", 0)),
-                        int(tuning.get("stages", 0)), bool(tuning.get("pingpong", True)), tuning.get("persistent"),
+                        int(tuning.get("stages", 0)), tuning.get("pingpong"), tuning.get("persistent"),
                         tuning.get("tile_overlap"), bool(tuning.get("short_tail", True)), bool(deterministic))
 
 

@@ -196,6 +196,14 @@ def run_coverage(batch, seq_q, seq_k, heads, kv_heads, head_dim, dtype="bf16", c
     return empty
 
 
+# The turns the policy does not take by default (codegen.policy's pingpong rows: none at D=256 up to 4096 keys).
+@pytest.mark.parametrize("head_dim, pingpong", [(256, True), (128, False), (64, False)], ids=("D256-turns",
+                         "D128-no-turns", "D64-no-turns"))
+@pytest.mark.parametrize("causal", (False, True), ids=("full", "causal"))
+def test_pingpong_against_the_policy(head_dim, pingpong, causal):
+    run_coverage(2, 1000, 1100, 8, 2, head_dim, causal=causal, tuning=dict(pingpong=pingpong))
+
+
 @pytest.mark.parametrize("kv_heads", (1, 4, 16))
 @pytest.mark.parametrize("causal", (False, True))
 def test_grouped_query_heads(kv_heads, causal):

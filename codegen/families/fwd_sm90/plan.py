@@ -59,7 +59,7 @@ MAX_VECTOR_BYTES = 16  # the widest shared/global access (ld.shared.v4.b32)
 
 @functools.lru_cache(maxsize=1024)
 def resolve(spec: KernelSpec) -> KernelSpec:
-    """Fill the spec's defaults (block_n, pv_split, stages) and check what depends on them."""
+    """Fill the spec's defaults (block_n, pv_split, the knobs left None, stages) and check what depends on them."""
     # A PV split names its key block: (96, 32) asks for block_n 128 whatever the shape's default is.
     block_n = spec.block_n or (sum(spec.pv_split) if spec.pv_split else policy.default_block_n(spec))
     split = spec.pv_split or policy.default_pv_split(block_n)
@@ -69,6 +69,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
                         kv_heads=spec.kv_heads or spec.heads, window=normalized_window(spec))
     if spec.multicast is None:
         spec = spec.replace(multicast=policy.multicast_by_default(spec))
+    if spec.pingpong is None:
+        spec = spec.replace(pingpong=policy.pingpong_by_default(spec))
     if spec.persistent is None:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
     if spec.tile_overlap is None:
