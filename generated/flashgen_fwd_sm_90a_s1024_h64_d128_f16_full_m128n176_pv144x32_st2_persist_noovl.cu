@@ -263,6 +263,7 @@ constexpr int kRowsPerConsumer = 64;
 constexpr int kStages = 2;
 constexpr int kSeqLenK = 1024;
 constexpr int kGroup = 1;  // query heads per K/V head
+constexpr int kTilesM = 8;  // query tiles per (sequence, head) at fixed lengths (varlen: Params::tiles_m)
 constexpr int kSectionHeads = 64;  // (sequence, head) pairs per dispatch section of a causal grid
 // Query i's diagonal is key i + (S_k - S_q) (bottom-right alignment when the lengths differ); it sees keys in
 // [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
@@ -448,11 +449,12 @@ static __device__ __forceinline__ void longest_first(int index, int tiles_m, int
 // fixed lengths an L2 section of heads (longest_first, the per-tile grid's order: each section's longest tiles
 // first across its heads, so no CTA takes a long tile just before the end), so the CTAs running together read
 // the same K/V through L2. Varlen keeps each head's long tiles first within the head (longest_first cost the
-// D=96 varlen producer 12 bytes of spills).
+// D=96 varlen producer 12 bytes of spills); fixed lengths divide by the compile-time tile count (p.tiles_m spilled
+// 4 bytes at D=96 with a window, a soft cap and grouped heads).
 static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
   if constexpr (cfg::kLongTilesLast && !cfg::kVarlen) {
     int m_block, pair;
-    longest_first(index, p.tiles_m, cfg::kHeads * p.batches, m_block, pair);
+    longest_first(index, cfg::kTilesM, cfg::kHeads * p.batches, m_block, pair);
     return make_tile(p, m_block, pair % cfg::kHeads, pair / cfg::kHeads);
   }
   const int m_idx = index % p.tiles_m, head = (index / p.tiles_m) % cfg::kHeads, batch = index / p.tiles_m / cfg::kHeads;

@@ -55,6 +55,8 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
             for d in (64, 96, 128)] + \
            [KernelSpec(seq_len=4096, heads=16, head_dim=d, persistent=True, softcap=20.0, kv_heads=4, dtype="bf16")
             for d in (64, 96, 128)] + \
+           [KernelSpec(seq_len=700, heads=8, head_dim=d, seq_len_k=900, kv_heads=2, causal=True, window=(256, -1),
+                       softcap=20.0, dtype="bf16") for d in (64, 96, 128)] + \
            [KernelSpec(seq_len=1000, heads=16, head_dim=d, multicast=True, causal=c, dtype="bf16", kv_heads=4)
             for d in SPLITS for c in (False, True)] + \
            [KernelSpec(seq_len=4096, heads=16, head_dim=128, multicast=True, causal=c, softcap=20.0) for c in (False, True)] + \

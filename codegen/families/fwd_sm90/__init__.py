@@ -129,6 +129,7 @@ def context(plan: Plan) -> dict:
         "seq_len_k": s.keys,
         "group": s.group,
         "section_heads": plan.section_heads,
+        "tiles_m": plan.m_blocks,
         "window_left": plan.window_bounds[0],
         "window_right": plan.window_bounds[1],
         "softcap_c": f"{float(s.softcap)!r}f",
