@@ -167,9 +167,9 @@ POLICY: tuple[Choice, ...] = (
          ("ab-20261130T0912Z-d128-block_n-176-192.json", "ab-20261130T1133Z-block_n-1024.json",
           "ab-20261130T1125Z-block_n-short-keys.json"), ("v11", "v13"),
          "FA3's 128 x 176: wins from 2048 keys (v11), from 1024 once a part block runs only its keys; loses at 512"),
-    _row("block_n", 80, (eq("head_dim", 256), DENSE, ge("keys", 4096)),
-         "ab-20261130T1630Z-knob-sweep.json", "v17b",
-         "(2,4096,16,256) 80: 1.046x/1.136x vs 64: 1.036x/1.092x; other lengths not measured"),
+    _row("block_n", 80, (eq("head_dim", 256), DENSE, ge("keys", 1024)),
+         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md"), ("v17b", "v40"),
+         "(2,4096,16,256) 80: 1.046x/1.136x vs 64: 1.036x/1.092x (v17b); without turns 2048 keys +2.7%, 1024 +2.2%"),
     _row("block_n", 128, eq("head_dim", 96),
          "ab-20261130T0848Z-d96-block_n.json", "v9",
          "as D=128 (S 64 + P 32 + O 48 registers): 1.123x vs block_n 64's 1.027x"),
@@ -206,8 +206,8 @@ POLICY: tuple[Choice, ...] = (
 
     # --- pingpong: the two consumers take turns issuing their MMAs (KernelSpec.pingpong = None) -----------------
     _row("pingpong", False, (eq("head_dim", 256), le("keys", 4096)),
-         "ab-20261206T1125Z-d256-pingpong-h100.md", ("v17b", "v39"),
-         "D=256 side by side: (2,4096,16,256) +1.7-4.1% in 4 processes, 2048 keys +0.4-1.0%, 8192 -0.6-1.4% (H100)"),
+         ("ab-20261206T1125Z-d256-pingpong-h100.md", "ab-20261206T1345Z-d256-turns-blocks-h100.md"), ("v17b", "v39"),
+         "(2,4096,16,256) +1.7-5.9% in 5 processes, 2048 keys -0.2 to +1.0%; 8192 -0.6 to -1.4% in 3 of 4 (H100)"),
     _row("pingpong", True, OTHERWISE,
          ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1125Z-d256-pingpong-h100.md"), ("v12", "v17b", "v23"),
          "turns keep one consumer's softmax under the other's MMAs: D=128 ties or wins (v12), D=192 a tie (v23)"),

@@ -97,15 +97,16 @@ def test_resolve_fills_defaults_and_checks_the_split():
     spec = resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128))
     assert (spec.block_n, spec.pv_split) == (176, (144, 32))
     assert resolve(KernelSpec(seq_len=512, heads=64, head_dim=128)).pv_split == (96, 32)
-    assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 64
+    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256)).block_n == 64
+    assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 80  # the wide block from 1024 keys
     assert resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128)).pingpong is True  # None resolves to the policy's
-    assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).pingpong is False
-    assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, pingpong=True)).pingpong is True  # asked for
+    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256)).pingpong is False
+    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, pingpong=True)).pingpong is True  # asked for
     with pytest.raises(SpecError, match="add up to block_n 64"):
-        resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, block_n=64, pv_split=(96, 32)))
+        resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, block_n=64, pv_split=(96, 32)))
     # A split alone names its key block, and that one must fit the registers.
     with pytest.raises(SpecError, match="needs 224 accumulator registers"):
-        resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256, pv_split=(96, 32)))
+        resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, pv_split=(96, 32)))
 
 
 def test_long_unmasked_attention_takes_the_wide_key_block():
@@ -115,14 +116,15 @@ def test_long_unmasked_attention_takes_the_wide_key_block():
     assert resolve(KernelSpec(seq_len=512, heads=16, head_dim=128)).block_n == 128  # short keys
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, causal=True)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=128, varlen=True)).block_n == 128
-    # D=64 from 1024 keys, D=256 from 4096 (v17); the other head dims and lengths keep their narrow block.
+    # D=64 and D=256 from 1024 keys (v17, v40); the other head dims and lengths keep their narrow block.
     d64 = resolve(KernelSpec(seq_len=1024, heads=16, head_dim=64))
     assert (d64.block_n, d64.pv_split, d64.stages) == (192, (160, 32), 3)
     assert resolve(KernelSpec(seq_len=512, heads=16, head_dim=64)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=64, causal=True)).block_n == 128
     d256 = resolve(KernelSpec(seq_len=4096, heads=16, head_dim=256))
     assert (d256.block_n, d256.pv_split, d256.stages) == (80, (48, 32), 2)
-    assert resolve(KernelSpec(seq_len=2048, heads=16, head_dim=256)).block_n == 64
+    assert resolve(KernelSpec(seq_len=1024, heads=16, head_dim=256)).block_n == 80  # from 1024 keys since v40
+    assert resolve(KernelSpec(seq_len=1000, heads=16, head_dim=256)).block_n == 64
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=256, causal=True)).block_n == 64
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=96)).block_n == 128
     assert resolve(KernelSpec(seq_len=4096, heads=16, head_dim=192)).block_n == 112

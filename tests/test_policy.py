@@ -31,7 +31,8 @@ def test_explicit_defaults():
     assert bn(spec(4096, 128, causal=True)) == 128 and bn(spec(4096, 128, varlen=True)) == 128
     assert bn(spec(4096, 128, window=(256, -1))) == 128
     assert bn(spec(1024, 64)) == 192 and bn(spec(512, 64)) == 128 and bn(spec(4096, 64, causal=True)) == 128
-    assert bn(spec(4096, 256)) == 80 and bn(spec(2048, 256)) == 64 and bn(spec(4096, 256, causal=True)) == 64
+    assert bn(spec(4096, 256)) == 80 and bn(spec(1024, 256)) == 80 and bn(spec(1023, 256)) == 64
+    assert bn(spec(4096, 256, causal=True)) == 64
     assert bn(spec(4096, 96)) == 128 and bn(spec(4096, 192)) == 112
     assert bn(spec(512, 128, seq_len_k=1024)) == 176  # the keys decide
     assert policy.default_pv_split(176) == (144, 32) and policy.default_pv_split(128) == (96, 32)
@@ -71,7 +72,7 @@ def test_explicit_defaults():
     assert (policy.SHORT_TAIL_MAX_BLOCK_N, policy.PREFETCH_Q_MAX_KEYS) == (192, 1024)
     assert (policy.PLAIN_BOUNDARY_MIN_HEAD_DIM, policy.PLAIN_BOUNDARY_MAX_KEYS) == (128, 2048)
     assert policy.DEFAULT_BLOCK_N == {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}
-    assert policy.WIDE_BLOCK_N == {64: (192, 1024), 128: (176, 1024), 256: (80, 4096)}
+    assert policy.WIDE_BLOCK_N == {64: (192, 1024), 128: (176, 1024), 256: (80, 1024)}
 
 
 def test_every_knob_has_a_fallback_for_every_spec():
