@@ -251,10 +251,10 @@ class PreparedAttention:
 
 def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
-            sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool | None = None, persistent: bool | None = None,
-            tile_overlap: bool | None = None, multicast: bool | None = None, short_tail: bool = True,
-            trace: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int | None = None,
-            max_seqlen_k: int | None = None, check: bool = True) -> PreparedAttention:
+            sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool | None = None,
+            persistent: bool | None = None, tile_overlap: bool | None = None, multicast: bool | None = None,
+            short_tail: bool = True, trace: bool = False, cu_seqlens_q=None, cu_seqlens_k=None,
+            max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, check: bool = True) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
     pv_split, block_n, stages, pingpong, persistent, tile_overlap, multicast and short_tail are the tuning knobs

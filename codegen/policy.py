@@ -7,8 +7,9 @@ table reads top to bottom as the policy. The measurements themselves are in benc
 (moved from codegen/plan.py)" and the version sections the rows name).
 
 The lookup functions (`default_block_n`, `default_pv_split`, `pingpong_by_default`, `persistent_by_default`,
-`tile_overlap_by_default`, `alike_tiles`) and the constants (`MAX_STAGES`, ..., `PLAIN_BOUNDARY_MAX_KEYS`) are read off the table and keep
-the names, signatures and results the plan had before it read them from here (codegen/families/fwd_sm90/plan.py). `describe()` renders the table for docs.
+`tile_overlap_by_default`, `alike_tiles`) and the constants (`MAX_STAGES`, ..., `PLAIN_BOUNDARY_MAX_KEYS`) are
+read off the table and keep the names, signatures and results the plan had before it read them from here
+(codegen/families/fwd_sm90/plan.py). `describe()` renders the table for docs.
 
 This module depends on `codegen.spec` only: no plan, no trace, no torch.
 """
@@ -168,8 +169,9 @@ POLICY: tuple[Choice, ...] = (
           "ab-20261130T1125Z-block_n-short-keys.json"), ("v11", "v13"),
          "FA3's 128 x 176: wins from 2048 keys (v11), from 1024 once a part block runs only its keys; loses at 512"),
     _row("block_n", 80, (eq("head_dim", 256), DENSE, ge("keys", 1024)),
-         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md"), ("v17b", "v40"),
-         "(2,4096,16,256) 80: 1.046x/1.136x vs 64: 1.036x/1.092x (v17b); without turns 2048 keys +2.7%, 1024 +2.2%"),
+         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md",
+          "clocks-20261206T1420Z-d256-turns-blocks-h100.md"), ("v17b", "v40"),
+         "(2,4096,16,256) 80: 1.046x/1.136x vs 64: 1.036x/1.092x (v17b); at the cap 1024-3072 keys 2.5-3.4% faster"),
     _row("block_n", 128, eq("head_dim", 96),
          "ab-20261130T0848Z-d96-block_n.json", "v9",
          "as D=128 (S 64 + P 32 + O 48 registers): 1.123x vs block_n 64's 1.027x"),
@@ -205,12 +207,10 @@ POLICY: tuple[Choice, ...] = (
          "slower everywhere (H100): pairs 0.956x-1.098x vs 1.143x-1.251x unpaired on the long rows; sharing costs"),
 
     # --- pingpong: the two consumers take turns issuing their MMAs (KernelSpec.pingpong = None) -----------------
-    _row("pingpong", False, (eq("head_dim", 256), le("keys", 4096)),
-         ("ab-20261206T1125Z-d256-pingpong-h100.md", "ab-20261206T1345Z-d256-turns-blocks-h100.md"), ("v17b", "v39"),
-         "(2,4096,16,256) +1.7-5.9% in 5 processes, 2048 keys -0.2 to +1.0%; 8192 -0.6 to -1.4% in 3 of 4 (H100)"),
     _row("pingpong", True, OTHERWISE,
-         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1125Z-d256-pingpong-h100.md"), ("v12", "v17b", "v23"),
-         "turns keep one consumer's softmax under the other's MMAs: D=128 ties or wins (v12), D=192 a tie (v23)"),
+         ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md",
+          "clocks-20261206T1420Z-d256-turns-blocks-h100.md"), ("v12", "v17b", "v23", "v39"),
+         "D=256 without turns won short slots (+1-6%) but at the cap spent 1-3% more energy a call: 0.5-1.8% slower"),
 
     # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
     _row("persistent", False, (is_("multicast"), not_("pairs_alike")),

@@ -185,8 +185,9 @@ def test_splits_follow_block_n():
 
 
 def test_block_n_comes_from_the_plan():
-    assert block_n_for(Case(2, 4096, 16, 256, "bf16")) == 80  # D=256 from 4096 keys (v17)
-    assert block_n_for(Case(2, 2048, 16, 256, "bf16")) == 64
+    assert block_n_for(Case(2, 4096, 16, 256, "bf16")) == 80  # D=256 from 1024 keys (v17b, v40)
+    assert block_n_for(Case(2, 1024, 16, 256, "bf16")) == 80
+    assert block_n_for(Case(2, 512, 16, 256, "bf16")) == 64
     assert block_n_for(SEED) == 176  # 1024 keys: 5 x 176 + a short tail
     assert block_n_for(GQA) == 128
 

