@@ -12,6 +12,10 @@ pingpong, persistent, tile_overlap, multicast, short_tail); `NAME:` alone is the
 times another implementation in the same rounds, as one more column. It prints each variant's ratio to cuDNN per
 shape and the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
 measurement (the bench/ package), so the numbers are comparable with `gen.py bench`.
+
+Its slots are short (tens of ms), so each runs partly at the clock the slot before left: a variant that takes fewer
+cycles but draws more power can win here and lose once the board sits at its power cap. Time such a change with
+`scripts/clocks.py --variant ...` too, which runs each for seconds and reports energy a call (bench/LOG.md v39).
 """
 
 from __future__ import annotations
