@@ -1500,6 +1500,48 @@ def test_gpu_check_runs_as_many_test_workers_as_the_gpus_memory_holds(monkeypatc
     assert gpu_check.default_workers() == workers
 
 
+def _junit(*cases: tuple[str, str]) -> str:
+    """pytest's --junitxml report of tests/test_gpu.py cases (name, failure message or "" for a pass)."""
+    body = "".join(f'<testcase classname="tests.test_gpu" name="{name}" time="1.0">'
+                   + (f'<failure message="{message}">trace</failure>' if message else "") + "</testcase>"
+                   for name, message in cases)
+    return f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{body}</testsuite></testsuites>'
+
+
+_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB."
+_PERSISTENT, _MULTICAST = "test_persistent[128-True-4096]", "test_multicast[4096-4096-128-False-4-None-0.0]"
+
+
+@pytest.mark.parametrize("cases, alone, status, rerun", [
+    ([(_PERSISTENT, _OOM), (_MULTICAST, _OOM), ("test_seed", "")], (0, "2 passed in 9.1s"), "PASS", True),
+    ([(_PERSISTENT, _OOM), (_MULTICAST, _OOM)], (1, "1 failed, 1 passed in 9.1s"), "FAIL rc=1", True),
+    ([(_PERSISTENT, _OOM), (_MULTICAST, "AssertionError: 17 rows off")], None, "FAIL rc=1", False),
+])
+def test_gpu_check_runs_tests_that_ran_out_of_memory_again_alone(tmp_path, monkeypatch, cases, alone, status, rerun):
+    """A test that failed only for GPU memory the other workers held (six workers ran an 80 GB H100 out of it in
+    session 50) runs again alone; any other failure fails the step without a rerun, and so does a failed rerun."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    calls = []
+
+    def fake_run(cmd, log, timeout):
+        calls.append(cmd)
+        if len(calls) == 1:
+            (tmp_path / "pytest.xml").write_text(_junit(*cases))
+            return 1, f"{sum(bool(m) for _, m in cases)} failed, 447 passed in 62.02s\n", 60.0
+        return alone[0], alone[1] + "\n", 9.0
+
+    monkeypatch.setattr(gpu_check, "run", fake_run)
+    name, got, detail, _ = gpu_check.gpu_tests(["tests/test_gpu.py"], 6, tmp_path)
+    assert (name, got, len(calls)) == ("GPU tests", status, 1 + rerun)
+    assert "-n" in calls[0] and f"--junitxml={tmp_path / 'pytest.xml'}" in calls[0]
+    if rerun:
+        assert "-n" not in calls[1] and calls[1][-2:] == [f"tests/test_gpu.py::{_PERSISTENT}",
+                                                          f"tests/test_gpu.py::{_MULTICAST}"]
+        assert detail == f"2 failed, 447 passed in 62.02s; the 2 out of GPU memory under 6 workers, alone: {alone[1]}"
+
+
 def test_a_kernel_timing_that_failed_voids_its_user_calls_partial_rounds():
     timing = gpu_run._Timing(Peer("flashgen", None), None, lambda: None, 1e-3, 20, samples=[0.1, 0.1],
                              error="RuntimeError: CUDA error in round 3", call_samples=[0.2, 0.2], timed_call=True)
