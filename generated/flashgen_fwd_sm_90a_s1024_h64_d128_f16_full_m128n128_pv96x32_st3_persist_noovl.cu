@@ -493,7 +493,7 @@ static __device__ __forceinline__ bool grid_tile(const Params& p, Tile& tile) {
 // end, so a launch makes `total` fetches; whoever makes the last one zeroes the counter for the next launch.
 // Multicast: the pair's CTAs must take tiles 2c and 2c + 1 at every step, which one counter cannot hand out, so
 // tiles are taken at a fixed stride instead (blockIdx.x, + gridDim.x, ...; its tiles are alike, the spec checks).
-static_assert(!(cfg::kMulticast && cfg::kPersistent) || (cfg::kSeqLen + cfg::kBlockM - 1) / cfg::kBlockM % 2 == 0,
+static_assert(!(cfg::kMulticast && cfg::kPersistent) || cfg::kTilesM % 2 == 0,
               "a persistent pair's stride keeps tiles 2c and 2c + 1 of one head together only for an even tiles_m");
 struct TileFetcher {
   int idx, fetched, total;  // total: the counter's only (see end)
