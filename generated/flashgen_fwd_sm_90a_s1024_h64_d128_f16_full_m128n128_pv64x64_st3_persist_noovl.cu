@@ -439,8 +439,9 @@ static __device__ __forceinline__ Tile decode_tile(const Params& p, int index) {
     longest_first(index, cfg::kTilesM, cfg::kHeads * p.batches, m_block, pair);
     return make_tile(p, m_block, pair % cfg::kHeads, pair / cfg::kHeads);
   }
-  const int m_idx = index % p.tiles_m, head = (index / p.tiles_m) % cfg::kHeads, batch = index / p.tiles_m / cfg::kHeads;
-  return make_tile(p, cfg::kLongTilesLast ? p.tiles_m - 1 - m_idx : m_idx, head, batch);
+  const int tiles_m = cfg::kVarlen ? p.tiles_m : cfg::kTilesM;
+  const int m_idx = index % tiles_m, head = (index / tiles_m) % cfg::kHeads, batch = index / tiles_m / cfg::kHeads;
+  return make_tile(p, cfg::kLongTilesLast ? tiles_m - 1 - m_idx : m_idx, head, batch);
 }
 
 // The key blocks of a tile, once its lengths are known.
