@@ -351,7 +351,8 @@ def test_readme_test_command_shows_skip_reasons_and_is_what_ci_runs():
 def test_readme_needs_no_pythonpath_and_the_scripts_run_from_anywhere(tmp_path):
     assert not re.search(r"PYTHONPATH=\S+ +(python|ncu)", _readme())  # no command needs it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    for name in ("ab", "clocks", "gpu_check", "profile_one", "targets", "trace"):  # the ones that import bench/ or scripts/
+    # The ones that import bench/ or scripts/.
+    for name in ("ab", "clocks", "gpu_check", "profile_one", "slot_probe", "targets", "trace"):
         result = subprocess.run([sys.executable, str(REPO / "scripts" / f"{name}.py"), "--help"], cwd=tmp_path,
                                 env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (name, result.stderr[-2000:])
