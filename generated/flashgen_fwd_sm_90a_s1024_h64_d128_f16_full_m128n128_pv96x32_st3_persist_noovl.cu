@@ -264,7 +264,6 @@ constexpr bool kConditionalRescale = true;
 constexpr bool kTailRescaleVote = true;
 constexpr bool kPinSoftmax = true;
 constexpr bool kTailMask = false;
-constexpr bool kKeysDescending = false;
 constexpr bool kSinks = false;
 constexpr bool kMulticast = false;
 constexpr bool kLongTilesLast = false;
@@ -350,12 +349,6 @@ struct Tile {
   int kv_first, n_kv;
   int n_shared;  // multicast: its first n_shared key blocks are the cluster peer's too, loaded once for both
 };
-
-// The key block a tile visits t-th: in key order, or with kKeysDescending last to first (the diagonal's block,
-// the only one the causal mask cuts, then comes first; Plan.keys_descending checks that it is the only one).
-static __device__ __forceinline__ int key_block(const Tile& tile, int t) {
-  return cfg::kKeysDescending ? tile.kv_first + tile.n_kv - 1 - t : tile.kv_first + t;
-}
 
 // Position of a tile's t-th key block in the K/V ring, `ring` blocks into the CTA's run: its slot, and the
 // parity its barriers complete with.
@@ -652,11 +645,11 @@ static __device__ __forceinline__ u32 zero_after(const float (&alpha)[2]) {
   return static_cast<u32>(zero);
 }
 
-// Softmax of key block j over the first kCols values of S, in place: cap, mask (kMaskable: where block j may
-// straddle the band), the rows' new running max, exponentials, row sums. Leaves alpha[h], the factor O must be
-// rescaled by once the previous PV is done. after_max(zero) runs once the maxima and alpha are known, zero a 0
-// that ptxas must compute from alpha (see the steady step in mainloop.j2 for why).
-template <int kCols, bool kMaskable, class AfterMax>
+// Softmax of key block j over the first kCols values of S, in place: cap, mask, the rows' new running max,
+// exponentials, row sums. Leaves alpha[h], the factor O must be rescaled by once the previous PV is done.
+// after_max(zero) runs once the maxima and alpha are known, zero a 0 that ptxas must compute from alpha (see
+// the steady step in mainloop.j2 for why).
+template <int kCols, class AfterMax>
 static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 2], int j, int q_row0, Lengths len,
                                                      int warp, int lane, float scale_log2, Softcap cap,
                                                      RowStats& rows, float (&alpha)[2], AfterMax after_max) {
@@ -665,7 +658,7 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
     for (int i = 0; i < kCols; ++i) sc[i] = cap.out * fast_tanh(sc[i] * cap.in);
   }
   // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
-  if (kMaskable && straddles(j, q_row0, len)) {
+  if (straddles(j, q_row0, len)) {
 #pragma unroll
     for (int i = 0; i < kCols; ++i)
       if (masked(j * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i), len)) sc[i] = -FLASHGEN_INF;
@@ -925,7 +918,7 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
         load_q_tile(smem + cfg::kQOffset + c * cfg::kQBytes, args.tmap_q, bar(bars, kBarQFull),
                     tile.q_start + tile.m_block * cfg::kBlockM + c * cfg::kRowsPerConsumer, tile.head, tile.tma_batch);
     };
-    // The tile's t-th key block, key_block(tile, t), goes to ring position ring + t, once the consumers have
+    // The tile's t-th key block, kv_first + t, goes to ring position ring + t, once the consumers have
     // released the slot's previous use. K(t) is issued before V(t-1): QK(t) is the consumers' next need.
     // Multicast: a block the pair shares (t < n_shared) is expected whole on each CTA's own barrier and loaded
     // once into both rings, K by rank 0 and V by rank 1 (a peer's bytes may land before the expect: the phase
@@ -941,14 +934,14 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
     auto load_k = [&](int t) {
       const int s = slot_ready(t, kBarKEmpty, kBarKFull, cfg::kKBytes);
       const u32 dst = smem + cfg::kKOffset + s * cfg::kKBytes, full = bar(bars, kBarKFull + s);
-      const int row = tile.k_start + key_block(tile, t) * cfg::kBlockN;
+      const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
       if (!cfg::kMulticast || t >= tile.n_shared) load_k_tile(dst, args.tmap_k, full, row, tile.head_kv, tile.tma_batch);
       else if (rank == 0) multicast_k_tile(dst, args.tmap_k, full, kBothCtas, row, tile.head_kv, tile.tma_batch);
     };
     auto load_v = [&](int t) {
       const int s = slot_ready(t, kBarVEmpty, kBarVFull, cfg::kVBytes);
       const u32 dst = smem + cfg::kVOffset + s * cfg::kVBytes, full = bar(bars, kBarVFull + s);
-      const int row = tile.k_start + key_block(tile, t) * cfg::kBlockN;
+      const int row = tile.k_start + (tile.kv_first + t) * cfg::kBlockN;
       if (!cfg::kMulticast || t >= tile.n_shared) load_v_tile(dst, args.tmap_v, full, row, tile.head_kv, tile.tma_batch);
       else if (rank == 1) multicast_v_tile(dst, args.tmap_v, full, kBothCtas, row, tile.head_kv, tile.tma_batch);
     };
@@ -999,10 +992,6 @@ static __device__ __forceinline__ void producer(const Params& args, u32 smem, u3
   });
   if constexpr (cfg::kMulticast) wait_last_releases(bars, blocks);
 }
-
-// Whether a steady step (every key block after a tile's first) may need the mask: not when the blocks run last to
-// first, the diagonal's block being the first step's.
-constexpr bool kSteadyMasks = !cfg::kKeysDescending;
 
 // A consumer warpgroup: for each tile, S = Q K^T, softmax and O += P V over its key blocks, then the epilogue.
 static __device__ __forceinline__ void consumer(const Params& args, unsigned char* smem_raw, u32 smem, u32 bars,
@@ -1071,12 +1060,12 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       // whole softmax (the release after the sums) lost 7-12% at D=64 and 96 (v26b).
       const bool last = kTail || t == n_kv - 1;
       if constexpr (cfg::kPinSoftmax) {
-        softmax_block<kCols, kSteadyMasks>(sc, key_block(tile, t), q_row0, tile.len, warp, lane, scale_log2, cap,
-                                           rows, alpha, [&](u32 zero) { release_after_qk(bars, lane, s, last, t < tile.n_shared, zero); });
+        softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                             [&](u32 zero) { release_after_qk(bars, lane, s, last, t < tile.n_shared, zero); });
       } else {
         release_after_qk(bars, lane, s, last, t < tile.n_shared);
-        softmax_block<kCols, kSteadyMasks>(sc, key_block(tile, t), q_row0, tile.len, warp, lane, scale_log2, cap,
-                                           rows, alpha, [](u32) {});
+        softmax_block<kCols>(sc, tile.kv_first + t, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                             [](u32) {});
       }
       trace(kEvSoftmax, t);
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
@@ -1102,8 +1091,8 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       wgmma_wait<0>();
       trace(kEvQkDone, 0);
       release_after_qk(bars, lane, ring_slot(ring, 0), n_kv == 1, 0 < tile.n_shared);
-      softmax_block<cfg::kBlockN / 2, true>(sc, key_block(tile, 0), q_row0, tile.len, warp, lane, scale_log2, cap,
-                                            rows, alpha, [](u32) {});
+      softmax_block<cfg::kBlockN / 2>(sc, tile.kv_first, q_row0, tile.len, warp, lane, scale_log2, cap, rows, alpha,
+                                      [](u32) {});
       pack_p<cfg::kBlockN / 4>(p, sc);
       trace(kEvPacked, 0);
       // Steady state, one key block per step: QK(j) and PV(j-1) go to the tensor cores together, and the

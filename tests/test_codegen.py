@@ -583,30 +583,6 @@ def test_short_tail_block_plan(keys, head_dim, block_n, tail_n, tail_mask):
         assert make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, block_n=block_n, **other)).tail_n == 0
 
 
-@pytest.mark.parametrize("kwargs, descending", [
-    (dict(seq_len=4096, causal=True), True),                 # 128 x 128 tiles: the diagonal's block only
-    (dict(seq_len=512, seq_len_k=8192, causal=True), True),  # chunked prefill, the diagonal 60 blocks in
-    (dict(seq_len=4096, causal=True, block_n=64), False),    # consumer 0 masks two 64-key blocks
-    (dict(seq_len=4096, causal=True, block_n=176), False),   # the diagonal crosses 176-key blocks unaligned
-    (dict(seq_len=1000, causal=True), False),                # a part last block masks keys past the end too
-    (dict(seq_len=4096, window=(256, 0)), False),            # a left bound masks a tile's first blocks
-    (dict(seq_len=4096), False),                             # nothing masked: key order stays
-    (dict(seq_len=4096, causal=True, varlen=True), False),   # lengths known only at run time
-])
-def test_key_blocks_run_last_to_first_where_only_the_diagonal_block_masks(kwargs, descending):
-    spec = resolve(KernelSpec(heads=8, head_dim=128, dtype="bf16", **kwargs))
-    plan = make_plan(spec)
-    assert plan.keys_descending == descending
-    assert f"constexpr bool kKeysDescending = {'true' if descending else 'false'};" in render(plan).source
-    if descending:  # row by row: every (row, key) the causal mask cuts is in the last block its tile visits
-        diagonal = spec.keys - spec.seq_len
-        for m in range(plan.m_blocks):
-            last = ((m + 1) * spec.block_m - 1 + diagonal) // spec.block_n
-            for r in range(m * spec.block_m, (m + 1) * spec.block_m):
-                cut = {k // spec.block_n for k in range(r + diagonal + 1, (last + 1) * spec.block_n)}
-                assert cut <= {last}, (m, r, cut)
-
-
 def test_short_tail_block_emits_a_narrow_wgmma():
     """The part block's QK becomes HGMMA 64x48 (4096 = 23 x 176 + 48) and its PV three 16-key slices, without
     ptxas serializing the pipeline (the first QK slice overwrites S, so no stale S register stays live)."""

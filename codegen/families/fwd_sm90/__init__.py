@@ -75,7 +75,6 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
         ("TailRescaleVote", plan.tail_rescale_vote),  # the same, in a short last key block's step only
         ("PinSoftmax", plan.pin_softmax),    # K released after the row maxima, which stay before the PV wait
         ("TailMask", plan.tail_mask),        # some key block reads keys past the end
-        ("KeysDescending", plan.keys_descending),  # key blocks last to first: only the first step masks
         ("Sinks", s.sinks),                  # a learned logit per head joins each row's denominator
         ("Multicast", bool(s.multicast)),    # tile pairs (two-CTA clusters) load their shared key blocks once
         # Later query tiles see more keys only when a right bound (causal) moves with the query.

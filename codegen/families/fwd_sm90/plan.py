@@ -274,29 +274,6 @@ class Plan:
         s = self.spec
         return s.varlen or s.keys % (MMA_K if self.tail_n else s.block_n) != 0
 
-    @cached_property
-    def keys_descending(self) -> bool:
-        """Whether each tile visits its key blocks last to first, so the one block that needs the causal mask (the
-        diagonal's) is the peeled first step and the steady steps carry no mask at all. Derived, not assumed: for
-        fixed lengths with a moving right bound, every consumer's rows of every query tile are walked and the
-        blocks whose keys straddle their band counted (as the kernel's kv_range and straddles do); only where the
-        last block a tile visits is the only one, and no short tail or multicast pair fixes the order, is it
-        True (FlashAttention's sm90 loops run from the diagonal down too)."""
-        s = self.spec
-        left, right = self.window_bounds
-        if s.varlen or s.multicast or right < 0 or left >= 0 or self.tail_n or self.tail_mask:
-            return False
-        diagonal = s.keys - s.seq_len
-        for m in range(self.m_blocks):
-            row_hi = min((m + 1) * s.block_m, s.seq_len) - 1
-            last = min(s.keys - 1, row_hi + diagonal + right) // s.block_n  # kv_range's last block
-            for r0 in range(m * s.block_m, row_hi + 1, ROWS_PER_CONSUMER):
-                # straddles(): block j is masked for the rows from r0 where its last key is past r0's bound.
-                masked = [j for j in range(last + 1) if (j + 1) * s.block_n - 1 > r0 + diagonal + right]
-                if any(j != last for j in masked):
-                    return False
-        return True
-
     @property
     def prefetch_next_q(self) -> bool:
         """Whether the persistent producer prefetches the next tile's Q to L2 during this tile (alike tiles):
