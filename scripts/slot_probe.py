@@ -6,8 +6,8 @@
 Runs the matrix's measure_together on the case (cuDNN, the --peer implementations, flashgen's kernel and its
 attention() call, in round_orders' interleaved rounds, --iters calls each) and prints, per slot: the round, the
 implementation, the GPU sleep queued ahead of its timed calls (codegen.check.queue_ahead_s, sized from the call's
-host time), the slot's median ms, and the SM clock over the slot (NVML, sampled every ~0.5 ms in a thread: mean
-and first sample). Then each implementation's median over all its slots and the ratio of each to cuDNN, as the
+host time), the slot's median ms, and the SM clock over the slot (NVML, read every ~0.5 ms in a thread: mean
+and first reading; the driver updates the value only every ~20 ms, so a slot of 20 ms has one or two). Then each implementation's median over all its slots and the ratio of each to cuDNN, as the
 matrix reports them.
 
 Why: under the power cap a slot's clock is what its predecessor and the idle before it left, and the sleep ahead
