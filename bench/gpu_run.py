@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import codegen.check as check
 from codegen.check import time_gpu, time_gpu_samples
 from .cases import Case, block_n_for, resolved_spec
 from .config import BenchConfig
@@ -25,7 +26,8 @@ TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the
 # during the run moves every implementation alike. Timed one after another, identical kernels gave 0.94x-1.11x
 # cuDNN at D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
 # Under the power cap a slot also runs at the clock its predecessor left for 0.1-0.7 s (scripts/clocks.py --gap 0),
-# longer than most slots: round_orders makes every implementation follow every other equally often.
+# longer than most slots: round_orders makes every implementation follow every other equally often. The idle ahead
+# of a slot sets its clock as well, so every kernel slot of a round waits behind the same GPU sleep (round_sleep_s).
 MIN_ROUNDS = 5
 ROUND_WARMUP = 2
 # A user's call (attention()) must compute what its kernel computes: a rel err above this multiple of the prepared
@@ -77,6 +79,7 @@ class _Timing:
     next_call: Callable[[], Callable]
     rel_err: float
     iters: int
+    host_s: float = 0.0  # host seconds to enqueue one call (round_sleep_s)
     samples: list[float] = field(default_factory=list)
     error: str | None = None
     next_user_call: Callable[[], Callable] | None = None
@@ -125,12 +128,21 @@ def _prepare(torch, peer: Peer, split, case: Case, inputs: Inputs, config: Bench
                 err = rel_err(peer.output(out, inputs), inputs.ref)
                 del out
                 next_call = itertools.cycle(calls).__next__  # rotate over the input sets
-                estimate = time_gpu(torch, lambda: next_call()(), warmup=1, iters=3)
+                host_s: list[float] = []
+
+                def host_timed_call():
+                    t0 = time.perf_counter()
+                    out = next_call()()
+                    host_s.append(time.perf_counter() - t0)
+                    return out
+
+                estimate = time_gpu(torch, host_timed_call, warmup=1, iters=3)
     except Unavailable as e:
         return Row(peer.name, case, pv_split=split, skipped=str(e))
     except Exception as e:  # one failing peer is a row, never the end of the run
         return Row(peer.name, case, pv_split=split, error=f"{type(e).__name__}: {e}")
-    timing = _Timing(peer, split, next_call, err, iterations_within(TIME_BUDGET_MS, estimate, config.iters))
+    timing = _Timing(peer, split, next_call, err, iterations_within(TIME_BUDGET_MS, estimate, config.iters),
+                     host_s=statistics.median(host_s))
     if with_call and peer.call is not None:
         _prepare_call(torch, timing, case, inputs)
     return timing
@@ -165,15 +177,24 @@ def _prepare_call(torch, timing: _Timing, case: Case, inputs: Inputs) -> None:
         timing.next_user_call = itertools.cycle(calls).__next__
 
 
+def round_sleep_s(timings: list[_Timing], rounds: int, r: int) -> float:
+    """The GPU sleep ahead of every kernel slot of round r: the longest any of them needs to enqueue its calls
+    (codegen.check.queue_ahead_s). Under the power cap the idle ahead of a slot raises its clock; sized per call,
+    the sleep gave a slow host path (FA4: 4-5 ms of idle at 4k causal, flashgen under 3) the faster clock."""
+    needs = [check.queue_ahead_s(t.host_s, round_iters(t.iters, rounds, r)) for t in timings if t.error is None]
+    return max(needs, default=0.0)
+
+
 def round_iters(total: int, rounds: int, r: int) -> int:
     """Round r's share of total iterations over `rounds` rounds (the shares add up to total; at least 1)."""
     return max(1, total * (r + 1) // rounds - total * r // rounds)
 
 
-def _time_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None:
+def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: float = 0.0) -> None:
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
-            timing.samples += time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters)
+            timing.samples += time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters,
+                                               min_sleep_s=sleep_s)
     except Exception as e:
         timing.error = f"{type(e).__name__}: {e}"
 
@@ -233,6 +254,7 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     timings = [s for s in slots if isinstance(s, _Timing)]
     orders = round_orders(len(timings), MIN_ROUNDS)
     for r, order in enumerate(orders):
+        sleep_s = round_sleep_s(timings, len(orders), r)
         timed = [(timings[i], user_call) for i in order
                  for user_call in ((False, True) if timings[i].next_user_call else (False,))]
         for timing, user_call in timed:
@@ -241,7 +263,7 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
             if user_call and timing.error is None and timing.call_error is None:
                 _time_call_round(torch, timing, warmup=warmup, iters=iters)
             elif not user_call and timing.error is None:
-                _time_round(torch, timing, warmup=warmup, iters=iters)
+                _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s)
             else:
                 continue
             _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))

@@ -422,13 +422,16 @@ def time_gpu(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> flo
     return statistics.median(time_gpu_samples(torch, fn, warmup=warmup, iters=iters))
 
 
-def time_gpu_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int) -> list[float]:
+def time_gpu_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int,
+                     min_sleep_s: float = 0.0) -> list[float]:
     """Milliseconds of each of `iters` calls by CUDA events, after `warmup` untimed calls.
 
     All iterations are enqueued behind a GPU sleep long enough to cover the CPU's enqueueing, and
     synchronized once, so each event pair brackets GPU work alone. Synchronizing every iteration (as
     a simple per-call timer would) adds the launch latency, about 20 us, to every call; a sleep shorter than
     the enqueueing lets the GPU catch up and time the CPU (flex_attention's guards cost ~100 us a call).
+    The sleep is at least `min_sleep_s`: under a power cap the idle ahead of the calls sets their clock, so
+    implementations compared side by side get the same one (bench.gpu_run.round_sleep_s).
     """
     host_s = []
     for _ in range(max(1, warmup)):
@@ -439,7 +442,7 @@ def time_gpu_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is not None:
-        sleep(int(queue_ahead_s(statistics.median(host_s), iters) * ASSUMED_CLOCK_HZ))
+        sleep(int(max(min_sleep_s, queue_ahead_s(statistics.median(host_s), iters)) * ASSUMED_CLOCK_HZ))
     for start, end in events:
         start.record()
         fn()

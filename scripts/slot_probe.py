@@ -5,15 +5,16 @@
 
 Runs the matrix's measure_together on the case (cuDNN, the --peer implementations, flashgen's kernel and its
 attention() call, in round_orders' interleaved rounds, --iters calls each) and prints, per slot: the round, the
-implementation, the GPU sleep queued ahead of its timed calls (codegen.check.queue_ahead_s, sized from the call's
-host time), the slot's median ms, and the SM clock over the slot (NVML, read every ~0.5 ms in a thread: mean
+implementation, the GPU sleep queued ahead of its timed calls (gpu_run.round_sleep_s: the round's longest need,
+codegen.check.queue_ahead_s, the same for every kernel slot), the slot's median ms, and the SM clock over the slot (NVML, read every ~0.5 ms in a thread: mean
 and first reading; the driver updates the value only every ~20 ms, so a slot of 20 ms has one or two). Then each implementation's median over all its slots and the ratio of each to cuDNN, as the
 matrix reports them.
 
-Why: under the power cap a slot's clock is what its predecessor and the idle before it left, and the sleep ahead
-of a slot is longer for a call with more host time, so an implementation with a slow host path gets a longer idle
-before each of its slots. `--sleep-ms` gives every slot the same sleep (long enough for the slowest call's
-enqueueing) to see whether that moves the ratios. Reads clocks only: nothing on the GPU is changed.
+Why: under the power cap a slot's clock is what its predecessor and the idle before it left. Sized per call, the
+sleep gave an implementation with a slow host path a longer idle before each of its slots (session 51 found it);
+the matrix now gives every kernel slot of a round the same. `--sleep-ms` sets that sleep (a slot still sleeps
+as long as its own enqueueing needs) to see how much the idle moves the ratios. Reads clocks only: nothing on the
+GPU is changed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import bench.gpu_run as gpu_run
-import codegen.check as check
 from bench.cases import block_n_for, case_from, parse_shape
 from bench.config import BenchConfig
 from bench.inputs import make_inputs
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--sleep-ms", type=float, default=None,
-                        help="the GPU sleep ahead of every slot's timed calls (default: the benchmark's, per call)")
+                        help="the GPU sleep ahead of every kernel slot (default: the benchmark's, the round's longest need)")
     parser.add_argument("--repeat", type=int, default=1, help="measure_together this many times")
     args = parser.parse_args(argv)
 
@@ -90,27 +90,19 @@ def main(argv: list[str]) -> int:
                          iters=args.iters, warmup=args.warmup, seed=0, out=None, command="slot_probe")
     sampler = ClockSampler()
     slots: list[dict] = []
-    sleep_s: list[float] = []
-
-    queue_ahead = check.queue_ahead_s
-
-    def recorded_queue_ahead(host_s_per_call: float, iters: int) -> float:
-        s = queue_ahead(host_s_per_call, iters) if args.sleep_ms is None else args.sleep_ms / 1e3
-        sleep_s.append(s)
-        return s
-
-    check.queue_ahead_s = recorded_queue_ahead
+    if args.sleep_ms is not None:
+        gpu_run.round_sleep_s = lambda timings, rounds, r: args.sleep_ms / 1e3
 
     def slot_recorder(time_round, kind: str):
-        def recorded(torch_, timing, *, warmup: int, iters: int) -> None:
+        def recorded(torch_, timing, *, warmup: int, iters: int, **sleep) -> None:
             samples = timing.call_samples if kind == "call" else timing.samples
             before, t0 = len(samples), time.perf_counter()
-            time_round(torch_, timing, warmup=warmup, iters=iters)
+            time_round(torch_, timing, warmup=warmup, iters=iters, **sleep)
             t1 = time.perf_counter()
             clocks = sampler.between(t0, t1)
             new = samples[before:]
             slots.append({"impl": timing.peer.name + (" call" if kind == "call" else ""),
-                          "sleep_ms": sleep_s[-1] * 1e3 if kind == "kernel" and sleep_s else 0.0,
+                          "sleep_ms": sleep.get("sleep_s", 0.0) * 1e3,
                           "ms": statistics.median(new) if new else None,
                           "mhz": statistics.fmean(clocks) if clocks else None,
                           "first_mhz": clocks[0] if clocks else None, "slot_s": t1 - t0})
@@ -123,7 +115,7 @@ def main(argv: list[str]) -> int:
     inputs = make_inputs(torch, case)
     entries = peers_for(case, config, block_n_for(case))
     print(f"{case.label}: {', '.join(p.name for p, _ in entries)}; --iters {args.iters}, sleep "
-          + (f"{args.sleep_ms} ms every slot" if args.sleep_ms is not None else "the benchmark's (per call)"))
+          + (f"{args.sleep_ms} ms every kernel slot" if args.sleep_ms is not None else "the benchmark's (a round's longest need)"))
     for rep in range(args.repeat):
         first = len(slots)
         rows = gpu_run.measure_together(torch, entries, case, inputs, config)

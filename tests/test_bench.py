@@ -665,6 +665,28 @@ def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup",
     return {r.impl: r for r in rows}, gpu
 
 
+def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_needs(monkeypatch):
+    """Under the power cap the idle ahead of a slot sets its clock: a slow host path must not buy a longer one."""
+    monkeypatch.setattr(check, "rel_err", lambda out, ref: REL_ERRS[out])
+    gpu = _QueueGpu()
+    monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)  # host times from the fake's clock
+    slept = []
+    sleep = gpu.cuda._sleep
+    gpu.cuda._sleep = lambda cycles: (slept.append(cycles / check.ASSUMED_CLOCK_HZ), sleep(cycles))
+    fast = Peer("cudnn", gpu.calls("fast", 0.005, 0.080), yardstick=True)
+    slow = Peer("slow", gpu.calls("slow", 0.100, 0.060))
+    config = parse_config(["--shape", "1,1024,64,128", "--iters", "50", "--warmup", "3"])
+    a, b = measure_together(gpu, [(fast, None), (slow, None)], SEED, Inputs(sets=(), ref=None), config)
+    assert a.ms == pytest.approx(0.080) and b.ms == pytest.approx(0.060)  # each still times its GPU work alone
+    rounds = len(round_orders(2))
+    timed = slept[2:]  # after each implementation's estimate
+    assert len(timed) == 2 * rounds
+    for r in range(rounds):
+        need = check.queue_ahead_s(100e-6, gpu_run.round_iters(50, rounds, r))  # the slow host's
+        assert timed[2 * r] == pytest.approx(need) and timed[2 * r + 1] == pytest.approx(need)
+        assert check.queue_ahead_s(5e-6, gpu_run.round_iters(50, rounds, r)) < need / 3  # the fast one's own
+
+
 def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
     gpu = _QueueGpu()
     (host_bound,) = gpu.calls("attention", 0.100, 0.060)(None, None, None)
