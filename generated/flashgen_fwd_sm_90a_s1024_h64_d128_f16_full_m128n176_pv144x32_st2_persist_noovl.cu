@@ -413,10 +413,25 @@ static __device__ __forceinline__ bool straddles(int j, int q_row0, Lengths len)
          (cfg::kWindowLeft >= 0 && k0 < q_row0 + cfg::kRowsPerConsumer - 1 + len.diagonal() - cfg::kWindowLeft);
 }
 
-static __device__ __forceinline__ bool masked(int key, int query, Lengths len) {
-  return (cfg::kTailMask && key >= len.seq_k) ||
-         (cfg::kWindowRight >= 0 && key > query + len.diagonal() + cfg::kWindowRight) ||
-         (cfg::kWindowLeft >= 0 && key < query + len.diagonal() - cfg::kWindowLeft);
+// Where a thread's values of a key block fall outside the band, as limits on each value's register part: value i
+// sits at key (its thread's key at value 0) + col_i and query (the same for the query) + row_i
+// (fragments.check_separable), so it is masked where col_i - row_i passes `right` or `left` or col_i reaches
+// `keys`; col_i and row_i are compile-time once the loop over i unrolls, so each test is one compare with an
+// immediate, shared by the values whose col_i - row_i is equal.
+struct Band {
+  int right, left, keys;
+};
+
+static __device__ __forceinline__ Band band_limits(int j, int q_row0, int warp, int lane, Lengths len) {
+  const int key_t = j * cfg::kBlockN + acc_col(lane, 0), query_t = q_row0 + acc_row(warp, lane, 0);
+  const int diagonal = query_t - key_t + len.diagonal();
+  return Band{diagonal + cfg::kWindowRight, diagonal - cfg::kWindowLeft, len.seq_k - key_t};
+}
+
+static __device__ __forceinline__ bool outside(const Band& band, int i) {
+  const int col = acc_col(0, i), offset = col - acc_row(0, 0, i);
+  return (cfg::kTailMask && col >= band.keys) || (cfg::kWindowRight >= 0 && offset > band.right) ||
+         (cfg::kWindowLeft >= 0 && offset < band.left);
 }
 
 // The tile (m_block, head, batch) with its sequence's lengths. A varlen sequence `batch` is rows [start,
@@ -677,9 +692,10 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
   }
   // Mask keys past the end and outside the causal/local band; only on tiles that straddle.
   if (straddles(j, q_row0, len)) {
+    const Band band = band_limits(j, q_row0, warp, lane, len);
 #pragma unroll
     for (int i = 0; i < kCols; ++i)
-      if (masked(j * cfg::kBlockN + acc_col(lane, i), q_row0 + acc_row(warp, lane, i), len)) sc[i] = -FLASHGEN_INF;
+      if (outside(band, i)) sc[i] = -FLASHGEN_INF;
   }
   // The new running max of each row, reduced over the lanes that share the row.
   float new_max[2] = {rows.max[0], rows.max[1]};

@@ -6,6 +6,7 @@ import json
 import re
 
 import jinja2
+import numpy as np
 import pytest
 
 import gen
@@ -581,6 +582,39 @@ def test_short_tail_block_plan(keys, head_dim, block_n, tail_n, tail_mask):
     # Where the last block a tile visits is not the keys' end (a window) or lengths vary, the whole block runs.
     for other in (dict(causal=True), dict(window=(256, -1)), dict(varlen=True)):
         assert make_plan(KernelSpec(seq_len=keys, heads=8, head_dim=head_dim, block_n=block_n, **other)).tail_n == 0
+
+
+@pytest.mark.parametrize("block_n", (64, 128, 176))
+@pytest.mark.parametrize("window, seq_q, seq_k", [((-1, 0), 4096, 4096), ((-1, 0), 512, 8192), ((256, 64), 1000, 1000),
+                                                  ((-1, -1), 1000, 1000), ((100, 0), 300, 777)])
+def test_the_mask_by_register_offsets_is_the_elementwise_mask(block_n, window, seq_q, seq_k):
+    """tiles.j2's band_limits and outside, term for term (a thread's key and query at value 0, then each value's
+    register offsets against three limits), against the elementwise rule (masked()) for every thread of a consumer,
+    every value of a key block and several blocks and row offsets of the tile: the algebra rests on the
+    accumulator map being separable, which the plan checks."""
+    acc = fragments.wgmma_accumulator(block_n)
+    grid = np.meshgrid(np.arange(32), np.arange(4), np.arange(block_n // 2), indexing="ij")
+    lane, warp, reg = (g.ravel() for g in grid)
+    at = acc.apply({"lane": lane, "warp": warp, "reg": reg})
+    row, col = np.asarray(at["row"]), np.asarray(at["col"])
+    zero = np.zeros_like(lane)
+    t0 = acc.apply({"lane": lane, "warp": warp, "reg": zero})
+    r0 = acc.apply({"lane": zero, "warp": zero, "reg": reg})
+    left, right = window
+    tail = seq_k % block_n != 0
+    for j in range(0, -(-seq_k // block_n), 3):
+        for q_row0 in range(0, seq_q, 192):
+            key, query = j * block_n + col, q_row0 + row
+            expect = ((tail & (key >= seq_k)) | ((right >= 0) & (key > query + seq_k - seq_q + right))
+                      | ((left >= 0) & (key < query + seq_k - seq_q - left)))
+            key_t, query_t = j * block_n + np.asarray(t0["col"]), q_row0 + np.asarray(t0["row"])
+            diagonal = query_t - key_t + seq_k - seq_q
+            band_right, band_left, band_keys = diagonal + right, diagonal - left, seq_k - key_t
+            c_i = np.asarray(r0["col"])
+            offset = c_i - np.asarray(r0["row"])
+            got = ((tail & (c_i >= band_keys)) | ((right >= 0) & (offset > band_right))
+                   | ((left >= 0) & (offset < band_left)))
+            assert np.array_equal(got, expect), (j, q_row0)
 
 
 def test_short_tail_block_emits_a_narrow_wgmma():

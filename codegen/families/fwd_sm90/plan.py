@@ -306,11 +306,13 @@ def _check_fragments(block_n: int, head_dim: int, tail_n: int = 0) -> None:
     """The template indexes S (N = block_n, and tail_n for a short last block) and O (N = head_dim) with the
     N=256 accumulator expressions and packs P straight from S: prove both for these N before rendering. A short
     tail block's QK writes the first tail_n/2 values of S's registers: the prefix check is what makes its
-    values sit where the block_n expressions say."""
+    values sit where the block_n expressions say. The mask takes each S value's key and query as its thread's
+    value 0 plus a register part (tiles.j2, band_limits): S's map must be separable."""
     for n in (block_n, head_dim) + ((tail_n,) if tail_n else ()):
         fragments.check_accumulator_prefix(n)
     for n in (block_n,) + ((tail_n,) if tail_n else ()):
         fragments.s_slice_is_a_operand(n)
+    fragments.check_separable(block_n)
 
 
 @functools.lru_cache(maxsize=256)
