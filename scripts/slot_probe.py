@@ -5,10 +5,11 @@
 
 Runs the matrix's measure_together on the case (cuDNN, the --peer implementations, flashgen's kernel and its
 attention() call, in round_orders' interleaved rounds, --iters calls each) and prints, per slot: the round, the
-implementation, the GPU sleep queued ahead of its timed calls (gpu_run.round_sleep_s: the round's longest need,
-codegen.check.queue_ahead_s, the same for every kernel slot), the slot's median ms, and the SM clock over the slot (NVML, read every ~0.5 ms in a thread: mean
-and first reading; the driver updates the value only every ~20 ms, so a slot of 20 ms has one or two). Then each implementation's median over all its slots and the ratio of each to cuDNN, as the
-matrix reports them.
+implementation, the GPU sleep the round asked ahead of its kernel slots (gpu_run.round_sleep_s: the longest any
+of them needs, codegen.check.queue_ahead_s), the slot's median ms, and the SM clock over the slot (NVML, read
+every ~0.5 ms in a thread: mean and first reading; the driver updates the value only every ~20 ms, so a slot of
+20 ms has one or two). Then each implementation's median over all its slots and the ratio of each to cuDNN, as
+the matrix reports them.
 
 Why: under the power cap a slot's clock is what its predecessor and the idle before it left. Sized per call, the
 sleep gave an implementation with a slow host path a longer idle before each of its slots (session 51 found it);
@@ -79,7 +80,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--sleep-ms", type=float, default=None,
-                        help="the GPU sleep ahead of every kernel slot (default: the benchmark's, the round's longest need)")
+                        help="the GPU sleep ahead of every kernel slot (default: the benchmark's, the round's "
+                             "longest need)")
     parser.add_argument("--repeat", type=int, default=1, help="measure_together this many times")
     args = parser.parse_args(argv)
 
@@ -115,7 +117,8 @@ def main(argv: list[str]) -> int:
     inputs = make_inputs(torch, case)
     entries = peers_for(case, config, block_n_for(case))
     print(f"{case.label}: {', '.join(p.name for p, _ in entries)}; --iters {args.iters}, sleep "
-          + (f"{args.sleep_ms} ms every kernel slot" if args.sleep_ms is not None else "the benchmark's (a round's longest need)"))
+          + (f"{args.sleep_ms} ms every kernel slot" if args.sleep_ms is not None
+             else "the benchmark's (a round's longest need)"))
     for rep in range(args.repeat):
         first = len(slots)
         rows = gpu_run.measure_together(torch, entries, case, inputs, config)
