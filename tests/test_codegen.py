@@ -589,9 +589,9 @@ def test_short_tail_block_plan(keys, head_dim, block_n, tail_n, tail_mask):
                                                   ((-1, -1), 1000, 1000), ((100, 0), 300, 777)])
 def test_the_mask_by_register_offsets_is_the_elementwise_mask(block_n, window, seq_q, seq_k):
     """tiles.j2's band_limits and outside, term for term (a thread's key and query at value 0, then each value's
-    register offsets against three limits), against the elementwise rule (masked()) for every thread of a consumer,
-    every value of a key block and several blocks and row offsets of the tile: the algebra rests on the
-    accumulator map being separable, which the plan checks."""
+    register offsets against three limits), against the elementwise rule (each value's key and query compared whole,
+    as the template did before v43) for every thread of a consumer, every value of a key block and several blocks
+    and row offsets of the tile: the algebra rests on the accumulator map being separable, which the plan checks."""
     acc = fragments.wgmma_accumulator(block_n)
     grid = np.meshgrid(np.arange(32), np.arange(4), np.arange(block_n // 2), indexing="ij")
     lane, warp, reg = (g.ravel() for g in grid)
