@@ -45,6 +45,9 @@ USAGE = """`gen.py bench`: flashgen against its peers in one run, and the compil
   gen.py bench --compile [--shape B,S,H,D[:KV] ...] [--varlen LENS ...]
       cold (render + NVRTC into an empty cache) and warm (disk-cache hit) build times; no GPU needed.
 
+Every mode also takes --iters N (timed calls, median reported), --warmup N, --rounds N (interleaved timing rounds,
+at the least; the --iters are spread over them), --seed N, --out DIR and --no-save.
+
 The figure of merit is the ratio to cuDNN in the same run (DESIGN.md section 7). flashgen has two: `ms` and
 `vs cuDNN` time its kernel (codegen.api.prepare() once, then launches), `call ms` and `call vs cuDNN` (summary
 column `flashgen call`) what users call, codegen.attention(q, k, v, ...) with the same arguments, host time
@@ -77,6 +80,12 @@ OWN_MATRICES = {DECODE_MATRIX: ("bf16, full caches, no mask", DECODE_IMPLS),
                 BACKWARD_MATRIX: ("bf16 and one f16, backward and forward + backward", BACKWARD_IMPLS)}
 
 
+# Timing rounds a case's implementations take in turn, at the least (bench.gpu_run says why; --rounds raises it),
+# and the timed calls spread over them (--iters).
+MIN_ROUNDS = 5
+DEFAULT_ITERS = 100
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     mode: str  # "table", "matrix", "compile", "decode" or "backward" (cases: (); bench.decode.decode_cases(),
@@ -90,6 +99,7 @@ class BenchConfig:
     out: Path | None  # None: print only
     command: str
     matrix: str | None = None
+    rounds: int = MIN_ROUNDS  # interleaved timing rounds, at the least; --iters are spread over them
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,8 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="K/V heads of the --varlen cases (grouped-query; default: as many as --heads)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, help="default f16")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--iters", type=int, default=100, help="timed iterations (median is reported)")
+    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="timed iterations (median is reported)")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
+                        help=f"interleaved timing rounds, at the least (default {MIN_ROUNDS}, rounded up to whole "
+                             "order designs: 6 for two or three implementations). --iters are spread over the "
+                             "rounds: raise both together to keep a slot's calls (the defaults time ~17 a slot)")
     parser.add_argument("--split", action="append", default=[], metavar="96,32",
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
     parser.add_argument("--peers", metavar="LIST",
@@ -137,6 +151,8 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     args = build_parser().parse_args(list(argv))
     if args.iters < 1 or args.warmup < 0:
         raise BenchUsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.rounds < 1:
+        raise BenchUsageError(f"--rounds must be >= 1, got {args.rounds}")
     if args.matrix in OWN_MATRICES:
         return _own_matrix_config(args, argv)
     args.dtype = args.dtype or "f16"
@@ -156,13 +172,13 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode, args.matrix),
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
-                       command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix)
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix, rounds=args.rounds)
 
 
 def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
     """`--matrix decode` and `--matrix backward`: their own cases, dtypes and implementations; only --iters,
-    --warmup, --seed, --out and --no-save apply, and for backward --peers, some of its implementations (cudnn, the
-    yardstick, is always added)."""
+    --warmup, --rounds, --seed, --out and --no-save apply, and for backward --peers, some of its implementations
+    (cudnn, the yardstick, is always added)."""
     matrix = args.matrix
     what, impls = OWN_MATRICES[matrix]
     takes_peers = matrix == BACKWARD_MATRIX
@@ -185,7 +201,7 @@ def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
         peers = tuple(n for n in impls if n in {*names, "cudnn"})
     return BenchConfig(mode=matrix, cases=(), peers=peers, splits=(), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
-                       command=" ".join(["gen.py", "bench", *argv]), matrix=matrix)
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=matrix, rounds=args.rounds)
 
 
 def _varlen_cases(args) -> tuple[Case, ...]:

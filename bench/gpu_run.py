@@ -16,19 +16,21 @@ from typing import Callable
 import codegen.check as check
 from codegen.check import time_gpu, time_gpu_samples
 from .cases import Case, block_n_for, resolved_spec
-from .config import BenchConfig
+from .config import MIN_ROUNDS, BenchConfig
 from .inputs import Inputs, make_inputs
 from .peers import Peer, Unavailable, peer_names, peers_for
 from .report import BenchResult, Row, _short, finalize, gpu_meta, host_meta
 
 TIME_BUDGET_MS = 3000.0  # per implementation and shape: caps iterations for the slow peers
-# Each implementation is timed in at least MIN_ROUNDS rounds, interleaved with the others, so that a clock drifting
-# during the run moves every implementation alike. Timed one after another, identical kernels gave 0.94x-1.11x
-# cuDNN at D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed calls start each round after the first.
-# Under the power cap a slot also runs at the clock its predecessor left for 0.1-0.7 s (scripts/clocks.py --gap 0),
-# longer than most slots: round_orders makes every implementation follow every other equally often. The idle ahead
-# of a slot sets its clock as well, so every kernel slot of a round waits behind the same GPU sleep (round_sleep_s).
-MIN_ROUNDS = 5
+# Each implementation is timed in at least config.rounds rounds (--rounds; MIN_ROUNDS by default), interleaved
+# with the others, so that a clock drifting during the run moves every implementation alike. Timed one after
+# another, identical kernels gave 0.94x-1.11x cuDNN at D=256 between runs (bench/LOG.md v16). ROUND_WARMUP untimed
+# calls start each round after the first. Under the power cap a slot also runs at the clock its predecessor left for
+# 0.1-0.7 s (scripts/clocks.py --gap 0), longer than most slots: round_orders makes every implementation follow every
+# other equally often. The idle ahead of a slot sets its clock as well, so every kernel slot of a round waits behind
+# the same GPU sleep (round_sleep_s). Slots of one kernel still differ by a few percent (the clock NVML reads moved
+# 1320-1980 MHz between them, bench/LOG.md session 51), and a slot's calls share its clock: more rounds average more
+# slots, more calls a slot do not.
 ROUND_WARMUP = 2
 # A user's call (attention()) must compute what its kernel computes: a rel err above this multiple of the prepared
 # kernel's (plus CALL_ERR_SLACK) makes it an error, not a time. Two correct kernels' errors differ by a few percent.
@@ -252,7 +254,7 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
         _raise_on_fault(torch, check_fault, slots, case, peer.name)
     # Each implementation's slots: its kernel, followed by its user call where it has one.
     timings = [s for s in slots if isinstance(s, _Timing)]
-    orders = round_orders(len(timings), MIN_ROUNDS)
+    orders = round_orders(len(timings), config.rounds)
     for r, order in enumerate(orders):
         sleep_s = round_sleep_s(timings, len(orders), r)
         timed = [(timings[i], user_call) for i in order
@@ -357,7 +359,7 @@ def run_meta(torch, config: BenchConfig, matrix: str | None, **extra) -> dict:
     """What a GPU run records: the GPU and host facts, the command, the timing settings, and `extra`."""
     now = _dt.datetime.now(_dt.timezone.utc)
     return {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": f"{MIN_ROUNDS} or more, in round_orders' orders", "seed": config.seed, "matrix": matrix,
+            "timing_rounds": f"{config.rounds} or more, in round_orders' orders", "seed": config.seed, "matrix": matrix,
             **extra}
 
 

@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.cases import MATRICES, case_from, parse_shape
-from bench.config import BenchConfig
+from bench.config import MIN_ROUNDS, BenchConfig
 from bench.gpu_run import measure_together
 from bench.inputs import make_inputs
 from bench.peers import PEERS, VARLEN_PEER_IMPLS, Peer
@@ -90,6 +90,8 @@ def main(argv: list[str]) -> int:
                         help="another implementation timed in the same rounds (a skipped one says why)")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
+                        help=f"interleaved timing rounds (gen.py bench --rounds; default {MIN_ROUNDS})")
     args = parser.parse_args(argv)
 
     import torch
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit("variant and peer names must differ")
     peers = [(name, PEERS[name]) for name in args.peer]
     config = BenchConfig(mode="matrix", cases=tuple(cases), peers=("cudnn",), splits=(), iters=args.iters,
-                         warmup=args.warmup, seed=0, out=None, command="ab")
+                         warmup=args.warmup, seed=0, out=None, command="ab", rounds=args.rounds)
     torch.manual_seed(0)
     table = []
     for case in cases:

@@ -30,6 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.config import DEFAULT_ITERS, MIN_ROUNDS  # noqa: E402
 from bench.report import COMMIT_ENV, ROOT, git_commit, working_tree  # noqa: E402
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
@@ -43,6 +44,18 @@ OWN_PEERS = ("default", "decode", "fa4", "backward")
 def matrix_peers(matrix: str, bench_peers: str) -> list[str]:
     """The --peers arguments of one matrix's run."""
     return [] if matrix in OWN_PEERS else ["--peers", bench_peers]
+
+
+def timing_args(rounds: int) -> list[str]:
+    """gen.py bench's --rounds and --iters for `rounds` rounds at the default run's calls a round."""
+    if rounds == MIN_ROUNDS:
+        return []
+    return ["--rounds", str(rounds), "--iters", str(DEFAULT_ITERS * rounds // MIN_ROUNDS)]
+
+
+def bench_timeout(seconds: int, rounds: int) -> int:
+    """A matrix run's time limit, grown with its rounds."""
+    return seconds * max(1, -(-rounds // MIN_ROUNDS))
 
 
 PROBE_SHAPES = [("1024,64,128", "f16"), ("1024,64,128", "bf16"), ("1024,16,64", "f16"), ("1024,16,256", "bf16"),
@@ -68,13 +81,15 @@ def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, floa
     return rc, text, time.time() - t0
 
 
-def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path) -> tuple[str, str, str, float]:
+def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path,
+                    rounds: int = MIN_ROUNDS) -> tuple[str, str, str, float]:
     """Runs 2..runs of the default matrix (flashgen and cuDNN only) beside the first, then issue 4's targets over
     all of them: one run's ratios move by a few percent, and the bf16 target sits inside that spread."""
     t0, failed = time.time(), []
     for i in range(2, runs + 1):
         rc, _, _ = run([sys.executable, "gen.py", "bench", "--matrix", "default", "--peers", "flashgen,cudnn",
-                        "--out", str(results)], out / f"bench-default-{i}.log", timeout=240)
+                        *timing_args(rounds), "--out", str(results)], out / f"bench-default-{i}.log",
+                       timeout=bench_timeout(240, rounds))
         if rc != 0:
             failed.append(i)
     rc, text, _ = run([sys.executable, "scripts/targets.py", str(results)], out / "targets.log", timeout=60)
@@ -177,6 +192,10 @@ def main() -> int:
     parser.add_argument("--default-runs", type=int, default=3,
                         help="runs of the default matrix (the first with every peer, the others flashgen and cuDNN "
                              "only); the summary ends with issue 4's targets over them (scripts/targets.py)")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
+                        help=f"each matrix's timing rounds (gen.py bench --rounds; default {MIN_ROUNDS}), with "
+                             f"--iters raised alike ({DEFAULT_ITERS // MIN_ROUNDS} a round) so a slot keeps its "
+                             "calls: more rounds steady a row's median against the clock moving between slots")
     parser.add_argument("--workers", type=int, default=None,
                         help="pytest-xdist workers (compiles run in parallel; default: one per WORKER_GIB of the GPU's "
                              f"memory, at most {MAX_WORKERS})")
@@ -298,14 +317,15 @@ def main() -> int:
         for matrix in filter(None, args.matrices.split(",")):
             results = out / "results" / matrix
             peers = matrix_peers(matrix, args.bench_peers)
-            rc, text, secs = run([sys.executable, "gen.py", "bench", "--matrix", matrix, *peers, "--out", str(results)],
-                                 out / f"bench-{matrix}.log", timeout=480)
+            rc, text, secs = run([sys.executable, "gen.py", "bench", "--matrix", matrix, *peers,
+                                  *timing_args(args.rounds), "--out", str(results)],
+                                 out / f"bench-{matrix}.log", timeout=bench_timeout(480, args.rounds))
             geomean = next((line.split(None, 1)[1][:100] for line in reversed(text.splitlines())
                             if line.startswith("geomean")), "(no geomean)")
             summary.append((f"bench {matrix}", "OK" if rc == 0 else f"FAIL rc={rc}", f"geomean {geomean}", secs))
             print("\n".join(text.splitlines()[-14:]), flush=True)
             if matrix == "default" and rc == 0:
-                summary.append(default_repeats(args.default_runs, results, out))
+                summary.append(default_repeats(args.default_runs, results, out, args.rounds))
 
     lines = ["== gpu_check summary ==", source] + [f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}"
                                           for name, status, detail, secs in summary]

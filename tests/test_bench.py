@@ -687,6 +687,43 @@ def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_n
         assert check.queue_ahead_s(5e-6, gpu_run.round_iters(50, rounds, r)) < need / 3  # the fast one's own
 
 
+def test_rounds_set_how_many_interleaved_rounds_time_a_case(monkeypatch):
+    """--rounds is the least number of rounds (whole order designs: two implementations alternate in pairs), and
+    the --iters are spread over them; each round's kernel slots wait behind one sleep, so they count the rounds."""
+    monkeypatch.setattr(check, "rel_err", lambda out, ref: REL_ERRS[out])
+    for argv, rounds in (([], 6), (["--rounds", "9"], 10), (["--rounds", "12"], 12), (["--rounds", "1"], 2)):
+        gpu = _QueueGpu()
+        monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)
+        slept = []
+        sleep = gpu.cuda._sleep
+        gpu.cuda._sleep = lambda cycles, sleep=sleep: (slept.append(cycles), sleep(cycles))
+        fast = Peer("cudnn", gpu.calls("fast", 0.005, 0.080), yardstick=True)
+        slow = Peer("slow", gpu.calls("slow", 0.100, 0.060))
+        config = parse_config(["--shape", "1,1024,64,128", "--iters", "60", "--warmup", "3", *argv])
+        a, b = measure_together(gpu, [(fast, None), (slow, None)], SEED, Inputs(sets=(), ref=None), config)
+        assert len(slept[2:]) == 2 * rounds  # two kernel slots a round, after each implementation's estimate
+        assert a.iters == b.iters == 60 and a.ms == pytest.approx(0.080) and b.ms == pytest.approx(0.060)
+
+
+def test_rounds_default_to_five_and_take_any_positive_count():
+    assert parse_config(["--shape", "1,1024,64,128"]).rounds == gpu_run.MIN_ROUNDS == 5
+    assert parse_config(["--matrix", "decode", "--rounds", "12", "--iters", "240"]).rounds == 12
+    assert parse_config(["--shape", "1,1024,64,128", "--rounds", "20", "--iters", "10"]).rounds == 20  # 1 call a slot
+    for bad in ("0", "-3"):
+        with pytest.raises(BenchUsageError, match="--rounds must be >= 1"):
+            parse_config(["--shape", "1,1024,64,128", "--rounds", bad])
+
+
+def test_gpu_check_rounds_keep_the_default_runs_calls_a_round():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.timing_args(5) == []  # gen.py bench's own defaults: 100 calls over 5 rounds
+    assert gpu_check.timing_args(12) == ["--rounds", "12", "--iters", "240"]
+    assert gpu_check.timing_args(7) == ["--rounds", "7", "--iters", "140"]
+    assert [gpu_check.bench_timeout(480, r) for r in (1, 5, 6, 10, 12)] == [480, 480, 960, 960, 1440]
+
+
 def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
     gpu = _QueueGpu()
     (host_bound,) = gpu.calls("attention", 0.100, 0.060)(None, None, None)
