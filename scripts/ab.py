@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.cases import MATRICES, case_from, parse_shape
-from bench.config import MIN_ROUNDS, BenchConfig
+from bench.config import DEFAULT_ITERS, MIN_ROUNDS, BenchConfig
 from bench.gpu_run import measure_together
 from bench.inputs import make_inputs
 from bench.peers import PEERS, VARLEN_PEER_IMPLS, Peer
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KNOB=VALUE,...")
     parser.add_argument("--peer", action="append", default=[], choices=sorted(set(PEERS) - {"cudnn"}),
                         help="another implementation timed in the same rounds (a skipped one says why)")
-    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
                         help=f"interleaved timing rounds (gen.py bench --rounds; default {MIN_ROUNDS})")
