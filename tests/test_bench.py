@@ -665,8 +665,9 @@ def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup",
     return {r.impl: r for r in rows}, gpu
 
 
-def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_needs(monkeypatch):
-    """Under the power cap the idle ahead of a slot sets its clock: a slow host path must not buy a longer one."""
+def _sleeping_pair(monkeypatch, *argv: str):
+    """measure_together over a fast-host cuDNN (5 us a call, 80 us of GPU) and a slow-host peer (100 us, 60 us) on
+    the queueing fake, with `argv` for gen.py bench; returns both rows and every GPU sleep queued, in seconds."""
     monkeypatch.setattr(check, "rel_err", lambda out, ref: REL_ERRS[out])
     gpu = _QueueGpu()
     monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)  # host times from the fake's clock
@@ -675,8 +676,14 @@ def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_n
     gpu.cuda._sleep = lambda cycles: (slept.append(cycles / check.ASSUMED_CLOCK_HZ), sleep(cycles))
     fast = Peer("cudnn", gpu.calls("fast", 0.005, 0.080), yardstick=True)
     slow = Peer("slow", gpu.calls("slow", 0.100, 0.060))
-    config = parse_config(["--shape", "1,1024,64,128", "--iters", "50", "--warmup", "3"])
+    config = parse_config(["--shape", "1,1024,64,128", "--warmup", "3", *argv])
     a, b = measure_together(gpu, [(fast, None), (slow, None)], SEED, Inputs(sets=(), ref=None), config)
+    return a, b, slept
+
+
+def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_needs(monkeypatch):
+    """Under the power cap the idle ahead of a slot sets its clock: a slow host path must not buy a longer one."""
+    a, b, slept = _sleeping_pair(monkeypatch, "--iters", "50")
     assert a.ms == pytest.approx(0.080) and b.ms == pytest.approx(0.060)  # each still times its GPU work alone
     rounds = len(round_orders(2))
     timed = slept[2:]  # after each implementation's estimate
@@ -690,17 +697,8 @@ def test_every_kernel_slot_of_a_round_sleeps_as_long_as_the_slowest_enqueueing_n
 def test_rounds_set_how_many_interleaved_rounds_time_a_case(monkeypatch):
     """--rounds is the least number of rounds (whole order designs: two implementations alternate in pairs), and
     the --iters are spread over them; each round's kernel slots wait behind one sleep, so they count the rounds."""
-    monkeypatch.setattr(check, "rel_err", lambda out, ref: REL_ERRS[out])
     for argv, rounds in (([], 6), (["--rounds", "9"], 10), (["--rounds", "12"], 12), (["--rounds", "1"], 2)):
-        gpu = _QueueGpu()
-        monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)
-        slept = []
-        sleep = gpu.cuda._sleep
-        gpu.cuda._sleep = lambda cycles, sleep=sleep: (slept.append(cycles), sleep(cycles))
-        fast = Peer("cudnn", gpu.calls("fast", 0.005, 0.080), yardstick=True)
-        slow = Peer("slow", gpu.calls("slow", 0.100, 0.060))
-        config = parse_config(["--shape", "1,1024,64,128", "--iters", "60", "--warmup", "3", *argv])
-        a, b = measure_together(gpu, [(fast, None), (slow, None)], SEED, Inputs(sets=(), ref=None), config)
+        a, b, slept = _sleeping_pair(monkeypatch, "--iters", "60", *argv)
         assert len(slept[2:]) == 2 * rounds  # two kernel slots a round, after each implementation's estimate
         assert a.iters == b.iters == 60 and a.ms == pytest.approx(0.080) and b.ms == pytest.approx(0.060)
 
