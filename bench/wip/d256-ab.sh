@@ -11,8 +11,11 @@ copy=$PWD/.scratch/p44
 out=${OUT:-/tmp}
 shapes="--shape 2,4096,16,256 --shape 4,2048,16,256"
 # run TREE SCRIPT ARGS...: TREE is main (this checkout) or p44 (the copy); each run's output also lands in $OUT/log.txt
-run() { local d=$PWD; [ "$1" = p44 ] && d=$copy; shift
-        (cd "$d" && PYTHONPATH=$d timeout 90 python3 "$@" 2>&1 | tee -a "$out/log.txt" | tail -7); }
+# (ab.py writes $OUT/ab.json; each run's is kept as ab-N.json)
+n=0
+run() { local d=$PWD; [ "$1" = p44 ] && d=$copy; shift; n=$((n + 1))
+        (cd "$d" && PYTHONPATH=$d timeout 90 python3 "$@" 2>&1 | tee -a "$out/log.txt" | tail -7)
+        [ -f "$out/ab.json" ] && mv "$out/ab.json" "$out/ab-$n.json"; echo "(run $n)" | tee -a "$out/log.txt"; }
 pairs="main p44 main p44"; splits=2
 [ "${1:-}" = short ] && { pairs="main p44"; splits=1; }
 for ((r = 1; r <= splits; r++)); do
