@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# D=256 against FA4 for #22 (bench/LOG.md v46, v47): main and three patched copies, each timed in turn with FA4 in
-# the same rounds (scripts/ab.py --peer fa4), then the cap (scripts/clocks.py --peer fa4), one device call.
+# D=256 against FA4 for #22 (bench/LOG.md v46, v47, v48): main and three patched copies, each timed in turn with FA4
+# in the same rounds (scripts/ab.py --peer fa4), causal D=256's key block (v48, a knob), then the cap (scripts/clocks.py
+# --peer fa4), one device call.
 #   here, first:   bash bench/wip/d256-v46-v47.sh make      (writes .scratch/p46, .scratch/p47, .scratch/p4647)
 #   on the GPU:    bash bench/wip/d256-v46-v47.sh [short]   carry: [".scratch/p46", ".scratch/p47", ".scratch/p4647", ...]
 # FA4 must be importable (PYTHONPATH as bench/wip/README.md's "FA4 on the GPU machine" sets it): run it in the
@@ -33,6 +34,9 @@ for t in $trees; do
     run $t scripts/ab.py --shape 2,4096,16,256 --shape 4,2048,16,256 --shape 2,4096,16,192 --peer fa4 --rounds 12 \
         --variant base:
 done
+echo "-- main, causal D=256: 64-key blocks (the policy) against 80 (v48, FA4's) ($(date +%T))" | tee -a "$out/log.txt"
+run main scripts/ab.py --causal --shape 2,4096,16,256 --shape 4,2048,16,256 --peer fa4 --rounds 12 --variant base: \
+    --variant n80:block_n=80
 for t in main p46 p4647; do
     echo "-- $t, at the cap ($(date +%T))" | tee -a "$out/log.txt"
     run $t scripts/clocks.py --shape 2,4096,16,256 --dtype bf16 --seconds 1.5 --rounds 1 --peer fa4
