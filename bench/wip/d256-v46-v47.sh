@@ -6,15 +6,16 @@
 #   on the GPU:    bash bench/wip/d256-v46-v47.sh [short]   carry: [".scratch/p46", ".scratch/p47", ".scratch/p4647", ...]
 # FA4 must be importable (PYTHONPATH as bench/wip/README.md's "FA4 on the GPU machine" sets it): run it in the
 # second of the two FA4 calls. `short` times each tree once; the full run twice, in reverse order the second time
-# (not yet run: estimated from the fa4 matrix's 45 s for 14 rows at 12 rounds, about 2 and 4 min). Everything also lands in $OUT/log.txt, and each ab.py table as $OUT/ab-N.json.
+# (not yet run: estimated from the fa4 matrix's 45 s for 14 rows at 12 rounds, about 2 and 4 min). Everything also
+# lands in $OUT/log.txt, and each ab.py table as $OUT/ab-N.json.
 set -u
 wip=bench/wip
 copies="p46:fwd-d256-no-turns-1024-4096.patch p47:fwd-rescale-under-qk.patch p4647:fwd-d256-no-turns-1024-4096.patch,fwd-rescale-under-qk.patch"
 if [ "${1:-}" = make ]; then
-    for c in $copies; do
-        d=.scratch/${c%%:*}; rm -rf "$d"; mkdir -p "$d"
+    for c in $copies; do  # NAME:PATCH[,PATCH]
+        d=.scratch/${c%%:*} patches=${c#*:}; rm -rf "$d"; mkdir -p "$d"
         git ls-files -co --exclude-standard | grep -v "^bench/results/" | tar -cf - -T - | tar -xf - -C "$d"
-        for p in ${c#*:}; do p=${p//,/ }; for q in $p; do (cd "$d" && patch -p1 -s < "$wip/$q") || exit 1; done; done
+        for q in ${patches//,/ }; do (cd "$d" && patch -p1 -s < "$wip/$q") || exit 1; done
         echo "made $d ($(du -sh "$d" | cut -f1))"
     done
     exit 0
