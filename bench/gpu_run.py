@@ -83,6 +83,7 @@ class _Timing:
     iters: int
     host_s: float = 0.0  # host seconds to enqueue one call (round_sleep_s)
     samples: list[float] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)  # each round's median, in the order the rounds ran
     error: str | None = None
     next_user_call: Callable[[], Callable] | None = None
     call_rel_err: float | None = None
@@ -100,7 +101,8 @@ class _Timing:
                        **call)
         note = None if math.isfinite(self.rel_err) else "output holds NaN or inf"
         return Row(self.peer.name, case, ms=statistics.median(self.samples), rel_err=self.rel_err,
-                   snr_db=snr_db_from(self.rel_err), pv_split=self.split, iters=len(self.samples), error=note, **call)
+                   snr_db=snr_db_from(self.rel_err), pv_split=self.split, iters=len(self.samples), error=note,
+                   round_ms=tuple(self.round_ms), **call)
 
     def _call_fields(self) -> dict:
         if not self.timed_call:
@@ -195,8 +197,10 @@ def round_iters(total: int, rounds: int, r: int) -> int:
 def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: float = 0.0) -> None:
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
-            timing.samples += time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters,
-                                               min_sleep_s=sleep_s)
+            samples = time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters,
+                                       min_sleep_s=sleep_s)
+            timing.samples += samples
+            timing.round_ms.append(statistics.median(samples))
     except Exception as e:
         timing.error = f"{type(e).__name__}: {e}"
 

@@ -66,6 +66,9 @@ class Row(TimedRow):
     call_vs_cudnn: float | None = None
     # The host's own ms a call in those loops (median over rounds): where it reaches call_ms, the call is host-bound.
     call_host_ms: float | None = None
+    # The kernel's median in each timing round, in the order the rounds ran (ms is the median of all samples): a
+    # run's spread, and whether a row's median rests on a few slow rounds. None in files from before it existed.
+    round_ms: tuple[float, ...] | None = None
 
     @property
     def tflops(self) -> float | None:
@@ -82,7 +85,7 @@ class Row(TimedRow):
             "call_host_ms": _finite(self.call_host_ms),
             "call_rel_err": _finite(self.call_rel_err), "call_error": self.call_error,
             "pv_split": list(self.pv_split) if self.pv_split else None, "split_choice": self.split_choice,
-            "iters": self.iters,
+            "iters": self.iters, "round_ms": [_finite(x) for x in self.round_ms] if self.round_ms else None,
             "error": self.error, "skipped": self.skipped,
             # ratio_to_cudnn divides this implementation's time into the yardstick's: "cudnn" on the problem
             # itself, or "cudnn-padded" (cuDNN on the zero-padded batch) for a varlen case, where B is the
@@ -109,7 +112,8 @@ class Row(TimedRow):
                    iters=d.get("iters"), error=d.get("error"),
                    skipped=d.get("skipped"), ratio_to_cudnn=d.get("ratio_to_cudnn"), err_vs_ours=d.get("err_vs_ours"),
                    call_ms=d.get("call_ms"), call_rel_err=d.get("call_rel_err"), call_error=d.get("call_error"),
-                   call_vs_cudnn=d.get("call_vs_cudnn"), call_host_ms=d.get("call_host_ms"))
+                   call_vs_cudnn=d.get("call_vs_cudnn"), call_host_ms=d.get("call_host_ms"),
+                   round_ms=tuple(d["round_ms"]) if d.get("round_ms") else None)
 
 
 def load_rows(path: Path) -> list[Row]:

@@ -179,8 +179,9 @@ POLICY: tuple[Choice, ...] = (
          ("ab-20261130T0802Z-d256-d192-block_n.json", "ab-20261202T1225Z-fa4-knobs.md"), ("v8", "v23"),
          "FA4's 128 x 112: (2,4096,16,192) 1.155x vs 64's 1.054x (FA4 1.129x), causal 1.146x vs 1.076x; 96 1.138x"),
     _row("block_n", 64, eq("head_dim", 256),
-         ("ab-20261130T0802Z-d256-d192-block_n.json", "ab-20261130T0904Z-split-release-block_n.json"), ("v8", "v10"),
-         "O alone takes 128 registers, so S stays at 32; 80 measured as 64 (0.745x vs 0.737x, v8), else unmeasured"),
+         ("ab-20261130T0802Z-d256-d192-block_n.json", "ab-20261130T0904Z-split-release-block_n.json",
+          "ab-20261207T0417Z-d256-v46-v47-v48-h100.md"), ("v8", "v10", "v48"),
+         "O alone takes 128 registers, so S stays at 32; causal 80 ties 64 (v48: 1.160x/1.152x, 1.101x/1.104x)"),
     _row("block_n", 128, Cond("head_dim", "in", (64, 128)),
          ("ab-20261130T0858Z-wide-key-blocks-d128.json", "ab-20261130T0858Z-wide-key-blocks-d64.json",
           "ab-20261130T0858Z-wide-key-blocks-seed.json", "ab-20261130T0904Z-split-release-block_n.json"), "v10",
@@ -209,8 +210,9 @@ POLICY: tuple[Choice, ...] = (
     # --- pingpong: the two consumers take turns issuing their MMAs (KernelSpec.pingpong = None) -----------------
     _row("pingpong", True, OTHERWISE,
          ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md",
-          "clocks-20261206T1420Z-d256-turns-blocks-h100.md"), ("v12", "v17b", "v23", "v39"),
-         "D=256 without turns won short slots (+1-6%) but at the cap spent 1-3% more energy a call: 0.5-1.8% slower"),
+          "clocks-20261206T1420Z-d256-turns-blocks-h100.md", "ab-20261207T0417Z-d256-v46-v47-v48-h100.md"),
+         ("v12", "v17b", "v23", "v39", "v46"),
+         "D=256 without turns: short slots +1-6% (v39), level with FA4 as turns are (v46); at the cap 0.5-1.8% slower"),
 
     # --- persistent: one CTA per SM looping over tiles (from a global counter; pairs: a fixed stride) -------------
     _row("persistent", False, (is_("multicast"), not_("pairs_alike")),

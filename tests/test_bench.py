@@ -535,6 +535,11 @@ def test_implementations_are_timed_in_interleaved_rounds(monkeypatch):
     # The clock slowed by 80% over the run, yet b's time stays near twice a's: both saw the same drift.
     assert b.ms / a.ms == pytest.approx(2.0, rel=0.03)
     assert a.rel_err == 0.0 and a.ok and b.ok
+    # Each round's median, in the order run: the drift shows round by round, and the row keeps it through its file.
+    assert len(a.round_ms) == len(b.round_ms) == 6
+    assert list(a.round_ms) == sorted(a.round_ms) and a.round_ms[-1] / a.round_ms[0] > 1.25
+    assert Row.from_json(json.loads(json.dumps(b.to_json()))).round_ms == b.round_ms
+    assert Row.from_json({**b.to_json(), "round_ms": None}).round_ms is None  # files from before round_ms
     # Timed one after the other (one round), b would look 12% slower than it is.
     monkeypatch.setattr(gpu_run, "round_orders", lambda n, min_rounds: [list(range(n))])
     gpu = _DriftingGpu()
