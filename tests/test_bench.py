@@ -1612,3 +1612,32 @@ def test_a_kernel_timing_that_failed_voids_its_user_calls_partial_rounds():
     timing.error = None  # the same samples, no failure: both stand
     row = timing.row(SEED)
     assert row.ms == 0.1 and row.call_ms == 0.2 and row.call_error is None
+
+
+def test_round_spread_pairs_each_round_of_flashgen_with_the_peers(tmp_path, capsys):
+    """scripts/round_spread.py: a row whose median rests on slow rounds shows it in the paired per-round ratios."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("round_spread", ROOT / "scripts" / "round_spread.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    causal = Case(1, 4096, 16, 128, "bf16", True)
+    rows = [Row("flashgen", SEED, ms=1.0, round_ms=(1.0, 1.0, 1.1)),
+            Row("fa4", SEED, ms=1.1, round_ms=(1.1, 1.2, 1.1)),
+            Row("flashgen", causal, ms=2.0, round_ms=(2.0, 2.2, 2.2, 2.0, 2.2)),
+            Row("flashgen[96+32]", causal, ms=9.0, round_ms=(9.0,) * 5),  # not the headline row: never read
+            Row("fa4", causal, ms=2.1, round_ms=(2.4, 2.1, 2.1, 2.4, 2.1)),
+            Row("fa4", Case(2, 4096, 16, 256, "bf16"), ms=1.0, round_ms=(1.0,))]  # no flashgen row: left out
+    path = tmp_path / "run-fa4.json"
+    path.write_text(json.dumps([r.to_json() for r in rows]))
+    table = script.spread_table(load_rows(path), "fa4")
+    assert [line[0] for line in table[1:]] == [SEED.label, causal.label]
+    assert table[1][1:] == ["1.0000 1.0000 1.1000", "1.1000 1.1000 1.2000", "1.100x", "1.100x (1.000-1.200)"]
+    # The medians say 1.050x; round by round FA4's time over flashgen's was 0.955x three times, 1.200x twice.
+    assert table[2][3] == "1.050x" and table[2][4] == "0.955x (0.955-1.200)"
+    assert script.main([str(path)]) == 0 and "0.955x (0.955-1.200)" in capsys.readouterr().out
+    assert script.main([str(path), "--peer", "cudnn"]) == 2
+    # A file from before round_ms: the ratio alone.
+    old = tmp_path / "old-fa4.json"
+    old.write_text(json.dumps([{**r.to_json(), "round_ms": None} for r in rows[:2]]))
+    assert script.spread_table(load_rows(old), "fa4")[1][1:] == ["no rounds in this file", "", "1.100x", ""]
