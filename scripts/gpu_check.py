@@ -99,6 +99,20 @@ def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path,
     return ("targets", status, last, time.time() - t0)
 
 
+def round_spread_step(results: pathlib.Path, out: pathlib.Path) -> tuple[str, str, str, float]:
+    """scripts/round_spread.py on the fa4 run just made: each case's rounds and flashgen / FA4 round by round, in
+    round-spread-fa4.log (bench/LOG.md h3: the same commit's rows moved 2-8% between runs)."""
+    runs = sorted(results.glob("nvidia-*-fa4.json"))
+    if not runs:
+        return ("round spread", "FAIL", f"no fa4 result file in {results}", 0.0)
+    rc, text, secs = run([sys.executable, "scripts/round_spread.py", str(runs[-1]), "--peer", "fa4"],
+                         out / "round-spread-fa4.log", timeout=60)
+    print(text, flush=True)
+    below = sum(1 for line in text.splitlines()[2:] if re.search(r"\s0\.\d{3}x \(", line))
+    detail = f"{below} case(s) with flashgen / FA4 under 1.0x round by round (median of the rounds)"
+    return ("round spread", "OK" if rc == 0 else f"FAIL rc={rc}", detail, secs)
+
+
 def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
     """scripts/clocks.py at one shape: whether the clock is power-capped, and energy per call (a kernel's time
     under the cap follows its energy, not its cycles)."""
@@ -326,6 +340,8 @@ def main() -> int:
             print("\n".join(text.splitlines()[-14:]), flush=True)
             if matrix == "default" and rc == 0:
                 summary.append(default_repeats(args.default_runs, results, out, args.rounds))
+            if matrix == "fa4" and rc == 0:
+                summary.append(round_spread_step(results, out))
 
     lines = ["== gpu_check summary ==", source] + [f"{name:14s} {status:12s} {secs:6.1f}s  {detail[:150]}"
                                           for name, status, detail, secs in summary]

@@ -1641,3 +1641,23 @@ def test_round_spread_pairs_each_round_of_flashgen_with_the_peers(tmp_path, caps
     old = tmp_path / "old-fa4.json"
     old.write_text(json.dumps([{**r.to_json(), "round_ms": None} for r in rows[:2]]))
     assert script.spread_table(load_rows(old), "fa4")[1][1:] == ["no rounds in this file", "", "1.100x", ""]
+
+
+def test_gpu_check_reads_the_fa4_runs_rounds(tmp_path):
+    """After the fa4 matrix, gpu_check runs scripts/round_spread.py on its newest file and counts the cases whose
+    flashgen / FA4 sits under 1.0x round by round."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    results = tmp_path / "results"
+    results.mkdir()
+    assert gpu_check.round_spread_step(results, tmp_path)[1] == "FAIL"
+    causal = Case(1, 4096, 16, 128, "bf16", True)
+    rows = [Row("flashgen", SEED, ms=1.0, round_ms=(1.0, 1.0)), Row("fa4", SEED, ms=1.1, round_ms=(1.1, 1.1)),
+            Row("flashgen", causal, ms=2.0, round_ms=(2.0, 2.2)), Row("fa4", causal, ms=2.1, round_ms=(1.9, 2.1))]
+    (results / "nvidia-h200-20261207T000000Z-fa4.json").write_text(json.dumps([r.to_json() for r in rows[:2]]))
+    (results / "nvidia-h200-20261207T010000Z-fa4.json").write_text(json.dumps([r.to_json() for r in rows]))
+    name, status, detail, _ = gpu_check.round_spread_step(results, tmp_path)
+    assert (name, status) == ("round spread", "OK")
+    assert detail.startswith("1 case(s) with flashgen / FA4 under 1.0x round by round")
+    assert causal.label in (tmp_path / "round-spread-fa4.log").read_text()
