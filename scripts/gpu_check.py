@@ -108,9 +108,8 @@ def round_spread_step(results: pathlib.Path, out: pathlib.Path) -> tuple[str, st
     rc, text, secs = run([sys.executable, "scripts/round_spread.py", str(runs[-1]), "--peer", "fa4"],
                          out / "round-spread-fa4.log", timeout=60)
     print(text, flush=True)
-    below = sum(1 for line in text.splitlines()[2:] if re.search(r"\s0\.\d{3}x \(", line))
-    detail = f"{below} case(s) with flashgen / FA4 under 1.0x round by round (median of the rounds)"
-    return ("round spread", "OK" if rc == 0 else f"FAIL rc={rc}", detail, secs)
+    last = text.strip().splitlines()[-1] if text.strip() else "(no output)"
+    return ("round spread", "OK" if rc == 0 else f"FAIL rc={rc}", last, secs)
 
 
 def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:

@@ -1636,6 +1636,9 @@ def test_round_spread_pairs_each_round_of_flashgen_with_the_peers(tmp_path, caps
     # The medians say 1.050x; round by round FA4's time over flashgen's was 0.955x three times, 1.200x twice.
     assert table[2][3] == "1.050x" and table[2][4] == "0.955x (0.955-1.200)"
     assert script.main([str(path)]) == 0 and "0.955x (0.955-1.200)" in capsys.readouterr().out
+    # The last line counts the cases under 1.0x round by round: the causal one, not the seed's (1.100x).
+    assert script.verdict(rows, "fa4").startswith("1 of 2 case(s) with flashgen / fa4 under 1.0x")
+    assert script.verdict(rows[:2], "fa4").startswith("0 of 1 case(s)")
     assert script.main([str(path), "--peer", "cudnn"]) == 2
     # A file from before round_ms: the ratio alone.
     old = tmp_path / "old-fa4.json"
@@ -1659,5 +1662,5 @@ def test_gpu_check_reads_the_fa4_runs_rounds(tmp_path):
     (results / "nvidia-h200-20261207T010000Z-fa4.json").write_text(json.dumps([r.to_json() for r in rows]))
     name, status, detail, _ = gpu_check.round_spread_step(results, tmp_path)
     assert (name, status) == ("round spread", "OK")
-    assert detail.startswith("1 case(s) with flashgen / FA4 under 1.0x round by round")
+    assert detail == "1 of 2 case(s) with flashgen / fa4 under 1.0x round by round (median of the rounds)"
     assert causal.label in (tmp_path / "round-spread-fa4.log").read_text()
