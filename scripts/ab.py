@@ -16,6 +16,9 @@ measurement (the bench/ package), so the numbers are comparable with `gen.py ben
 Its slots are short (tens of ms), so each runs partly at the clock the slot before left: a variant that takes fewer
 cycles but draws more power can win here and lose once the board sits at its power cap. Time such a change with
 `scripts/clocks.py --variant ...` too, which runs each for seconds and reports energy a call (bench/LOG.md v39).
+
+`--placements N` times each case N times, each over inputs allocated anew behind a spacer kept alive (so they sit
+on other memory): a ratio that moves between placements more than between rounds is the placement's, not the kernel's.
 """
 
 from __future__ import annotations
@@ -72,6 +75,27 @@ def flashgen_peer(name: str, kwargs: dict) -> Peer:
     return Peer(name, make)
 
 
+SPACER_STEP_BYTES = 34 * 2**20  # placement i allocates i of these first: 17 of the allocator's 2 MiB pages each
+
+
+def time_case(torch, case, variants, peers, config, label: str) -> dict:
+    """cuDNN, the variants and the peers on fresh inputs in one set of rounds; one printed line of ratios."""
+    inputs = make_inputs(torch, case)
+    yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
+    cudnn, *rows = measure_together(
+        torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants]
+        + [(peer, None) for _, peer in peers], case, inputs, config)
+    line = {"shape": label, "cudnn_ms": cudnn.ms, "cudnn_rounds": cudnn.round_ms}
+    for name, row in zip([n for n, _ in variants] + [n for n, _ in peers], rows):
+        line[name] = (cudnn.ms / row.ms) if row.ms and cudnn.ms else None
+        line[name + "_err"] = row.rel_err if row.ms else row.error
+        line[name + "_rounds"] = row.round_ms  # each round's median ms (scripts/round_spread.py reads them so)
+    print(json.dumps(line), flush=True)
+    del inputs
+    torch.cuda.empty_cache()
+    return line
+
+
 def shape_cases(shapes: list[str], dtype: str, causal: bool, seq_k: int | None) -> list:
     """The --shape cases; seq_k (None: each S) makes them chunked prefills as the fa4 matrix's last rows."""
     return [dataclasses.replace(case_from(parse_shape(s), dtype, causal), seq_k=seq_k) for s in shapes]
@@ -92,6 +116,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS,
                         help=f"interleaved timing rounds (gen.py bench --rounds; default {MIN_ROUNDS})")
+    parser.add_argument("--placements", type=int, default=1, metavar="N",
+                        help="time each case over N input allocations, each behind a larger spacer (default 1)")
     args = parser.parse_args(argv)
 
     import torch
@@ -100,6 +126,8 @@ def main(argv: list[str]) -> int:
     cases += shape_cases(args.shape, args.dtype, args.causal, args.seq_k)
     if not cases:
         raise SystemExit("give --matrix or --shape")
+    if args.placements < 1:
+        raise SystemExit("--placements must be at least 1")
     variants = [parse_variant(v) for v in args.variant]
     if len({n for n, _ in variants} | set(args.peer)) != len(variants) + len(args.peer):
         raise SystemExit("variant and peer names must differ")
@@ -109,20 +137,13 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     table = []
     for case in cases:
-        inputs = make_inputs(torch, case)
-        # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
-        yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
-        # cuDNN and every variant are timed in interleaved rounds (bench.gpu_run.measure_together).
-        cudnn, *rows = measure_together(
-            torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants]
-            + [(peer, None) for _, peer in peers], case, inputs, config)
-        line = {"shape": case.label, "cudnn_ms": cudnn.ms}
-        for name, row in zip([n for n, _ in variants] + [n for n, _ in peers], rows):
-            line[name] = (cudnn.ms / row.ms) if row.ms and cudnn.ms else None
-            line[name + "_err"] = row.rel_err if row.ms else row.error
-        print(json.dumps(line), flush=True)
-        table.append(line)
-        del inputs
+        spacers = []
+        for placement in range(args.placements):
+            if placement:  # the freed inputs' memory goes to the spacer; the new inputs land past it
+                spacers.append(torch.empty(placement * SPACER_STEP_BYTES, dtype=torch.uint8, device="cuda"))
+            table.append(time_case(torch, case, variants, peers, config,
+                                   case.label + (f" @{placement}" if args.placements > 1 else "")))
+        del spacers
         torch.cuda.empty_cache()
 
     names = [n for n, _ in variants] + args.peer

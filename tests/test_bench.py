@@ -1552,6 +1552,26 @@ def test_ab_refuses_a_peer_named_like_a_variant_before_timing_anything():
         ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--peer", "cudnn"])
 
 
+def test_ab_placements_time_each_case_over_inputs_behind_ever_larger_spacers(monkeypatch):
+    """--placements 3: each case three times, the later ones behind a spacer allocated first (34 then 68 MiB),
+    all kept alive until the case is done so that the inputs cannot land where the last ones were."""
+    ab = _load_ab()
+    import torch
+
+    timed, spacers = [], []
+    monkeypatch.setattr(ab, "time_case", lambda torch, case, variants, peers, config, label:
+                        timed.append((label, [s.numel() for s in spacers])) or {"shape": label, "cudnn_ms": 1.0, "base": 1.0})
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda n, **kw: spacers.append(real_empty(n, dtype=kw["dtype"])) or spacers[-1])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--placements", "3"]) == 0
+    label = ab.shape_cases(["1,128,1,64"], "bf16", False, None)[0].label
+    step = ab.SPACER_STEP_BYTES
+    assert timed == [(f"{label} @0", []), (f"{label} @1", [step]), (f"{label} @2", [step, 2 * step])]
+    with pytest.raises(SystemExit, match="at least 1"):
+        ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--placements", "0"])
+
+
 @pytest.mark.parametrize("mib, workers", [("81559\n", 4), ("143771\n", 8), ("", 8), ("[N/A]\n", 8)])
 def test_gpu_check_runs_as_many_test_workers_as_the_gpus_memory_holds(monkeypatch, mib, workers):
     """Eight pytest workers ran an 80 GB H100 out of memory (session 38): one per 16 GiB, eight where unknown."""
