@@ -81,7 +81,9 @@ SPACER_STEP_BYTES = 34 * 2**20  # placement i allocates i of these first: 17 of 
 def time_case(torch, case, variants, peers, config, label: str) -> dict:
     """cuDNN, the variants and the peers on fresh inputs in one set of rounds; one printed line of ratios."""
     inputs = make_inputs(torch, case)
+    # On a varlen case "cudnn" is the zero-padded yardstick, as in gen.py bench.
     yardstick = (VARLEN_PEER_IMPLS if case.varlen else PEERS)["cudnn"]
+    # cuDNN, every variant and every peer are timed in interleaved rounds (bench.gpu_run.measure_together).
     cudnn, *rows = measure_together(
         torch, [(yardstick, None)] + [(flashgen_peer(name, kwargs), None) for name, kwargs in variants]
         + [(peer, None) for _, peer in peers], case, inputs, config)
