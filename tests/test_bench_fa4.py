@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import pathlib
 import sys
 import types
 
@@ -343,3 +344,46 @@ def test_rows_carry_s_k_and_h_kv_and_read_back():
 def test_input_sets_count_the_longer_keys():
     c = MATRICES["fa4"][-2]
     assert input_set_count(c) == -(-200 * 2**20 // c.set_bytes)
+
+
+def test_fa4_site_splits_here_and_joins_there_over_two_calls(tmp_path):
+    """scripts/fa4-site.sh: `split` halves the tarball (FA4_FIRST_BYTES in the first), `stage` keeps the first half
+    on the machine, `finish` (sourced) joins both, unpacks them with the wheels, and exports PYTHONPATH; a finish on a
+    machine where nothing was staged says so instead of unpacking half a tarball."""
+    import random
+    import shutil
+    import subprocess
+    import tarfile
+
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(pathlib.Path(__file__).resolve().parent.parent / "scripts" / "fa4-site.sh", root / "scripts")
+    payload = tmp_path / "payload"
+    (payload / "nvidia_cutlass_dsl" / "dsl_packages").mkdir(parents=True)
+    body = random.Random(0).randbytes(2**16)  # random: xz keeps it over FA4_FIRST_BYTES
+    (payload / "nvidia_cutlass_dsl" / "dsl_packages" / "blob.bin").write_bytes(body)
+    (root / ".fa4x").mkdir()
+    with tarfile.open(root / ".fa4x" / "cu13.tar.xz", "w:xz") as tar:
+        tar.add(payload, arcname=".")
+    (root / ".fa4wheels" / "quack").mkdir(parents=True)  # what stage's pip install leaves
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text("#!/bin/sh\nexit 0\n")  # stage's pip: the wheels are stood in for above
+    (fake_bin / "python3").chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "FA4_FIRST_BYTES": "1000"}
+
+    def sh(script: str):
+        return subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True)
+
+    assert sh("bash scripts/fa4-site.sh split").returncode == 0
+    first, second = (root / ".fa4xa" / "p").read_bytes(), (root / ".fa4xb" / "p").read_bytes()
+    assert len(first) == 1000 and first + second == (root / ".fa4x" / "cu13.tar.xz").read_bytes()
+    refused = sh(". scripts/fa4-site.sh finish")
+    assert refused.returncode == 1 and "nothing staged" in refused.stderr
+    assert sh("bash scripts/fa4-site.sh stage").returncode == 0
+    done = sh('. scripts/fa4-site.sh finish && echo "PYTHONPATH=$PYTHONPATH"')
+    assert done.returncode == 0, done.stderr
+    site = root / ".fa4site"
+    assert f"PYTHONPATH={site}:{site}/nvidia_cutlass_dsl/dsl_packages:{root}" in done.stdout
+    assert (site / "nvidia_cutlass_dsl" / "dsl_packages" / "blob.bin").read_bytes() == body
+    assert (site / "quack").is_dir() and not (site / "partA").exists()
