@@ -1558,11 +1558,22 @@ def test_ab_placements_time_each_case_over_inputs_behind_ever_larger_spacers(mon
     ab = _load_ab()
     import torch
 
-    timed, spacers = [], []
-    monkeypatch.setattr(ab, "time_case", lambda torch, case, variants, peers, config, label:
-                        timed.append((label, [s.numel() for s in spacers])) or {"shape": label, "cudnn_ms": 1.0, "base": 1.0})
+    import weakref
+
+    timed, spacers = [], []  # spacers: weak references, so a spacer main() lets go of is seen to be gone
+
+    def fake_time_case(torch, case, variants, peers, config, label):  # records the spacers alive at each timing
+        timed.append((label, [s().numel() for s in spacers if s() is not None]))
+        return {"shape": label, "cudnn_ms": 1.0, "base": 1.0}
+
+    def cpu_empty(n, *, dtype, device):
+        spacer = real_empty(n, dtype=dtype)
+        spacers.append(weakref.ref(spacer))
+        return spacer
+
     real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda n, **kw: spacers.append(real_empty(n, dtype=kw["dtype"])) or spacers[-1])
+    monkeypatch.setattr(ab, "time_case", fake_time_case)
+    monkeypatch.setattr(torch, "empty", cpu_empty)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     assert ab.main(["--shape", "1,128,1,64", "--variant", "base:", "--placements", "3"]) == 0
     label = ab.shape_cases(["1,128,1,64"], "bf16", False, None)[0].label
