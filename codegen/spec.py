@@ -30,6 +30,9 @@ MMA_K = 16
 # runs up to 6 stages, the seed's depth; the Hopper ring logic is tested from 2 to 4).
 MAX_STAGES_BY_ARCH = {"sm_90a": 4, "sm_100a": 6, "sm_103a": 6}
 PERSISTENT_MAX_HEAD_DIM = 128
+# KernelSpec.lazy_rescale: how far (log2 units) a row's max may pass the running max before O is rescaled; P then
+# stays below 2^8, which fp32 sums and f16/bf16 P hold exactly as they hold P <= 1 (FA4's Blackwell kernel: 8).
+LAZY_RESCALE_LOG2 = 8.0
 MULTICAST_CTAS = 2  # KernelSpec.multicast: the query tiles of one cluster, loading their shared key blocks once
 
 
@@ -72,6 +75,10 @@ class KernelSpec:
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
+    # O is rescaled only when some row's max grew by more than 2^LAZY_RESCALE_LOG2 (its running max kept below
+    # that, so P reaches up to 2^8, exact in fp32 sums and 16-bit P): the warp vote then skips almost every
+    # rescale after a tile's first blocks. None: codegen.policy decides.
+    lazy_rescale: bool | None = None
     # Learned attention sinks (gpt-oss): the kernel takes a float (H,) array of logits, natural-log units, that join
     # each row's softmax denominator (never attended: no value) and its logsumexp.
     sinks: bool = False
@@ -119,6 +126,9 @@ class KernelSpec:
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
+        _require(self.lazy_rescale in (None, True, False),
+                 f"lazy_rescale must be True, False or None (the default for the shape), got {self.lazy_rescale!r}")
+        _require(not (self.lazy_rescale and self.arch != "sm_90a"), "lazy_rescale is for the sm_90a kernels")
         _require(self.persistent in (None, True, False),
                  f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
         _require(self.multicast in (None, True, False),
@@ -187,7 +197,7 @@ class KernelSpec:
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("_nopp" if self.pingpong is False else "")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
                 + ("_mc" if self.multicast is True else "")
-                + ("" if self.short_tail else "_fulltail")
+                + ("" if self.short_tail else "_fulltail") + ("_lazy" if self.lazy_rescale else "")
                 + ("_trace" if self.trace else ""))
 
     def replace(self, **changes) -> "KernelSpec":

@@ -251,6 +251,7 @@ constexpr int kSectionHeads = 64;  // (sequence, head) pairs per dispatch sectio
 // [diagonal - left, diagonal + right], a bound of -1 being none. Causal is right = 0.
 constexpr int kWindowLeft = -1, kWindowRight = -1;
 constexpr float kSoftcap = 0.0f;  // 0: off
+constexpr float kLazyRescaleLog2 = 8.0f;  // kLazyRescale: the running max's slack, log2 units
 // The last key block holds kTailN keys rounded up to 16 (0: every block is whole): its QK and PV are narrower.
 constexpr int kTailN = 0;
 // Modes of this kernel (codegen/families/fwd_sm90: the plan decides each; the code branches with if constexpr).
@@ -262,6 +263,7 @@ constexpr bool kPrefetchQ = true;
 constexpr bool kQkOverwrites = true;
 constexpr bool kConditionalRescale = true;
 constexpr bool kTailRescaleVote = true;
+constexpr bool kLazyRescale = false;
 constexpr bool kPinSoftmax = true;
 constexpr bool kTailMask = false;
 constexpr bool kSinks = false;
@@ -687,6 +689,11 @@ static __device__ __forceinline__ void softmax_block(float (&sc)[cfg::kBlockN / 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     new_max[h] = row_allreduce(new_max[h], [](float a, float b) { return fmaxf(a, b); });
+    if constexpr (cfg::kLazyRescale) {
+      // Keep the running max while the new one is within the slack: alpha stays exactly 1 and the vote skips
+      // O's rescale. A row's first keys (max -inf: the difference is +inf) and a growth past it take the new max.
+      if ((new_max[h] - rows.max[h]) * scale_log2 <= cfg::kLazyRescaleLog2) new_max[h] = rows.max[h];
+    }
     // A row with every key masked so far keeps max -inf; use 0 so exp2 gives 0, not NaN.
     scaled_max[h] = new_max[h] == -FLASHGEN_INF ? 0.f : new_max[h] * scale_log2;
     alpha[h] = fast_exp2(rows.max[h] * scale_log2 - scaled_max[h]);

@@ -8,7 +8,7 @@
     python3 scripts/ab.py --shape 4,1024,32,128:8 --seq-k 8192 --causal --variant base: --variant n176:block_n=176
 
 A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
-pingpong, persistent, tile_overlap, multicast, short_tail); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
+pingpong, persistent, tile_overlap, multicast, short_tail, lazy_rescale); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
 times another implementation in the same rounds, as one more column. It prints each variant's ratio to cuDNN per
 shape and the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
 measurement (the bench/ package), so the numbers are comparable with `gen.py bench`.
@@ -52,7 +52,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key == "pv_split":
             kwargs[key] = parse_split(value)
-        elif key in ("pingpong", "persistent", "tile_overlap", "multicast", "short_tail"):
+        elif key in ("pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "lazy_rescale"):
             kwargs[key] = value.lower() in ("1", "true", "yes")
         elif key in ("block_n", "stages"):
             kwargs[key] = int(value)

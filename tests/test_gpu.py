@@ -357,6 +357,21 @@ def test_persistent_tile_boundaries(tile_overlap, seq, heads, kv_heads, softcap)
                  tuning=dict(persistent=True, tile_overlap=tile_overlap))
 
 
+@pytest.mark.parametrize("causal, dtype, head_dim, persistent", [(False, "bf16", 256, False), (True, "f16", 128, None),
+                                                             (False, "f16", 64, True), (False, "bf16", 192, False)])
+def test_lazy_rescale(causal, dtype, head_dim, persistent):
+    # A row's running max kept while the new one is within 2^8 (KernelSpec.lazy_rescale): keys growing 16-fold along
+    # the sequence push every row's max up past the slack several times, and by less than it in between.
+    dt = DTYPES[dtype]
+    batch, seq, heads = 2, 1000, 8
+    q = torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=dt)
+    ramp = torch.linspace(0.5, 8.0, seq, device="cuda").view(1, seq, 1, 1)
+    k = (torch.randn(batch, seq, heads, head_dim, device="cuda") * ramp).to(dt)
+    v = torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=dt)
+    o, lse = run_checked(q, k, v, causal=causal, lazy_rescale=True, persistent=persistent)
+    assert_close_to_reference(q, k, v, o, lse, causal=causal)
+
+
 # Keys ending in a part block (short_tail): its QK and PV run over its keys rounded up to 16, the rest of the
 # block unread. Tails of whole 16-key slices (no mask) and with a masked remainder; wide and default key blocks;
 # persistent and one CTA per tile; against the whole masked block (short_tail=False).

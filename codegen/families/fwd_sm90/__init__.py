@@ -8,7 +8,7 @@ from layouts.mma import SmemDescriptor
 
 from codegen import trace
 from codegen.abi import MBARRIER_BYTES
-from codegen.spec import ROWS_PER_CONSUMER
+from codegen.spec import LAZY_RESCALE_LOG2, ROWS_PER_CONSUMER
 
 from .. import Family
 from . import abi as fwd_abi
@@ -73,6 +73,7 @@ def modes(plan: Plan) -> list[tuple[str, bool]]:
         ("QkOverwrites", plan.qk_overwrites),  # QK's first k-slice writes S without reading it
         ("ConditionalRescale", plan.conditional_rescale),  # O rescaled only when a row max grew
         ("TailRescaleVote", plan.tail_rescale_vote),  # the same, in a short last key block's step only
+        ("LazyRescale", bool(s.lazy_rescale)),  # a row's running max kept while the new one is within the slack
         ("PinSoftmax", plan.pin_softmax),    # K released after the row maxima, which stay before the PV wait
         ("TailMask", plan.tail_mask),        # some key block reads keys past the end
         ("Sinks", s.sinks),                  # a learned logit per head joins each row's denominator
@@ -133,6 +134,7 @@ def context(plan: Plan) -> dict:
         "window_left": plan.window_bounds[0],
         "window_right": plan.window_bounds[1],
         "softcap_c": f"{float(s.softcap)!r}f",
+        "lazy_rescale_log2": f"{LAZY_RESCALE_LOG2!r}f",
         "log2e": repr(fwd_abi.LOG2E),
         "heads": s.heads,
         "head_dim": s.head_dim,

@@ -75,6 +75,8 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
     if spec.tile_overlap is None:
         spec = spec.replace(tile_overlap=policy.tile_overlap_by_default(spec))
+    if spec.lazy_rescale is None:
+        spec = spec.replace(lazy_rescale=bool(policy.choose("lazy_rescale", spec)))
     if not spec.stages:
         deepest = policy.max_stages(spec)
         fitting = [n for n in range(MIN_STAGES, deepest + 1) if _fits(Plan(spec.replace(stages=n)))]
@@ -253,8 +255,9 @@ class Plan:
 
     @property
     def conditional_rescale(self) -> bool:
-        """Whether O's rescale is skipped when no row max grew (a warp vote per key block; codegen.policy)."""
-        return bool(policy.choose("conditional_rescale", self.spec))
+        """Whether O's rescale is skipped when no row max grew (a warp vote per key block; codegen.policy), as it
+        always is with lazy_rescale, whose point is that vote."""
+        return bool(self.spec.lazy_rescale or policy.choose("conditional_rescale", self.spec))
 
     @property
     def tail_rescale_vote(self) -> bool:
