@@ -126,7 +126,7 @@ class KernelSpec:
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
-        _require(self.lazy_rescale in (None, True, False),
+        _require(self.lazy_rescale is None or isinstance(self.lazy_rescale, bool),
                  f"lazy_rescale must be True, False or None (the default for the shape), got {self.lazy_rescale!r}")
         _require(not (self.lazy_rescale and self.arch != "sm_90a"), "lazy_rescale is for the sm_90a kernels")
         _require(self.persistent in (None, True, False),
