@@ -121,18 +121,14 @@ class KernelSpec:
         _require(len(self.window) == 2 and all(isinstance(w, int) and -1 <= w < 2**31 for w in self.window),
                  f"window must be (left, right) with each in 0..2**31-1, or -1 for unbounded; got {self.window!r}")
         _require(isinstance(self.varlen, bool), f"varlen must be True or False, got {self.varlen!r}")
-        _require(self.tile_overlap in (None, True, False),
-                 f"tile_overlap must be True, False or None (the default for the shape), got {self.tile_overlap!r}")
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
-        _require(self.lazy_rescale is None or isinstance(self.lazy_rescale, bool),
-                 f"lazy_rescale must be True, False or None (the default for the shape), got {self.lazy_rescale!r}")
+        for knob in ("pingpong", "persistent", "tile_overlap", "multicast", "lazy_rescale"):
+            value = getattr(self, knob)  # a type test: 1 == True would pass `value in (None, True, False)`
+            _require(value is None or isinstance(value, bool),
+                     f"{knob} must be True, False or None (the default for the shape), got {value!r}")
         _require(not (self.lazy_rescale and self.arch != "sm_90a"), "lazy_rescale is for the sm_90a kernels")
-        _require(self.persistent in (None, True, False),
-                 f"persistent must be True, False or None (the default for the shape), got {self.persistent!r}")
-        _require(self.multicast in (None, True, False),
-                 f"multicast must be True, False or None (the default for the shape), got {self.multicast!r}")
         if self.multicast:
             refusal = self.multicast_refusal()
             _require(refusal is None, refusal)

@@ -89,6 +89,8 @@ COVERAGE = [KernelSpec(seq_len=300, heads=16, head_dim=d, seq_len_k=1000, kv_hea
     (dict(seq_len=128, heads=1, head_dim=128, softcap=-1.0), "softcap"),
     (dict(seq_len=128, heads=1, head_dim=128, seq_len_k=-5), "seq_len_k"),
     (dict(seq_len=128, heads=1, head_dim=128, lazy_rescale=1), "lazy_rescale must be True, False or None"),
+    (dict(seq_len=128, heads=1, head_dim=128, persistent=1), "persistent must be True, False or None"),
+    (dict(seq_len=128, heads=1, head_dim=128, pingpong=0), "pingpong must be True, False or None"),
     (dict(seq_len=128, heads=1, head_dim=128, lazy_rescale=True, arch="sm_100a"), "lazy_rescale is for the sm_90a"),
 ])
 def test_spec_rejects_with_a_reason(kwargs, message):
