@@ -31,7 +31,7 @@ MMA_K = 16
 MAX_STAGES_BY_ARCH = {"sm_90a": 4, "sm_100a": 6, "sm_103a": 6}
 PERSISTENT_MAX_HEAD_DIM = 128
 # KernelSpec.lazy_rescale: how far (log2 units) a row's max may pass the running max before O is rescaled; P then
-# stays below 2^8, which fp32 sums and f16/bf16 P hold exactly as they hold P <= 1 (FA4's Blackwell kernel: 8).
+# stays below 2^8, which f16/bf16 P and f32 sums hold as precisely as P <= 1 (FA4's Blackwell kernel: 8).
 LAZY_RESCALE_LOG2 = 8.0
 MULTICAST_CTAS = 2  # KernelSpec.multicast: the query tiles of one cluster, loading their shared key blocks once
 
@@ -75,9 +75,9 @@ class KernelSpec:
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
-    # O is rescaled only when some row's max grew by more than 2^LAZY_RESCALE_LOG2 (its running max kept below
-    # that, so P reaches up to 2^8, exact in fp32 sums and 16-bit P): the warp vote then skips almost every
-    # rescale after a tile's first blocks. None: codegen.policy decides.
+    # A row's running max is kept until a new one passes it by more than LAZY_RESCALE_LOG2 (log2 units: P then
+    # reaches up to 2^8), so O's rescale factor stays exactly 1 and the warp vote skips almost every rescale after
+    # a tile's first blocks. None: codegen.policy decides.
     lazy_rescale: bool | None = None
     # Learned attention sinks (gpt-oss): the kernel takes a float (H,) array of logits, natural-log units, that join
     # each row's softmax denominator (never attended: no value) and its logsumexp.
