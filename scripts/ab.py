@@ -7,8 +7,8 @@
     python3 scripts/ab.py --matrix fa4 --peer fa4 --variant base: --variant n128:block_n=128
     python3 scripts/ab.py --shape 4,1024,32,128:8 --seq-k 8192 --causal --variant base: --variant n176:block_n=176
 
-A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare (pv_split=96+32, block_n, stages,
-pingpong, persistent, tile_overlap, multicast, short_tail, lazy_rescale); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
+A variant is NAME:KNOB=VALUE,KNOB=VALUE with the knobs of codegen.prepare: pv_split=96+32 and those of
+codegen.api.KNOB_TYPES (block_n, stages, pingpong, persistent, ..., 0/1 for yes/no); `NAME:` alone is the defaults. `--peer NAME` (bench.peers, e.g. fa4)
 times another implementation in the same rounds, as one more column. It prints each variant's ratio to cuDNN per
 shape and the geomean; bench/LOG.md records what such runs decided. Uses the benchmark's inputs, timing and error
 measurement (the bench/ package), so the numbers are comparable with `gen.py bench`.
@@ -39,6 +39,7 @@ from bench.gpu_run import measure_together
 from bench.inputs import make_inputs
 from bench.peers import PEERS, VARLEN_PEER_IMPLS, Peer
 from bench.report import geomean
+from codegen.api import KNOB_TYPES
 from codegen.spec import parse_split
 from layouts.dtypes import DTYPE_NAMES
 
@@ -52,9 +53,9 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key == "pv_split":
             kwargs[key] = parse_split(value)
-        elif key in ("pingpong", "persistent", "tile_overlap", "multicast", "short_tail", "lazy_rescale"):
+        elif bool in KNOB_TYPES.get(key, ()):
             kwargs[key] = value.lower() in ("1", "true", "yes")
-        elif key in ("block_n", "stages"):
+        elif int in KNOB_TYPES.get(key, ()):
             kwargs[key] = int(value)
         else:
             raise SystemExit(f"--variant {text!r}: unknown knob {key!r}")

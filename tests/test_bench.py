@@ -1695,3 +1695,12 @@ def test_gpu_check_reads_the_fa4_runs_rounds(tmp_path):
     assert (name, status) == ("round spread", "OK")
     assert detail == "1 of 2 case(s) with flashgen / fa4 under 1.0x round by round (median of the rounds)"
     assert causal.label in (tmp_path / "round-spread-fa4.log").read_text()
+
+
+def test_ab_variant_knobs_take_the_api_types():
+    """Every knob of codegen.api.KNOB_TYPES parses as its type (a new knob needs no second list in ab.py)."""
+    ab = _load_ab()
+    name, kwargs = ab.parse_variant("v:lazy_rescale=1,persistent=0,block_n=80,pv_split=48+32")
+    assert name == "v" and kwargs == dict(lazy_rescale=True, persistent=False, block_n=80, pv_split=(48, 32))
+    with pytest.raises(SystemExit, match="unknown knob 'bogus'"):
+        ab.parse_variant("v:bogus=1")
