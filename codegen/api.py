@@ -649,6 +649,31 @@ KNOB_TYPES = {"block_n": (int,), "stages": (int,), "pingpong": (bool, type(None)
               "lazy_rescale": (bool, type(None)), "trace": (bool,)}
 
 
+def parse_knob(text: str) -> tuple[str, object]:
+    """One tuning knob from the command line, KNOB=VALUE, as prepare() takes it: pv_split=96+32, a bool knob as
+    0/1 (or true/false, yes/no), an int knob as an int. InputError for an unknown knob or a value of another kind
+    (prepare() refuses an int where a bool belongs)."""
+    from .spec import parse_split
+
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise InputError(f"knob {text!r}: expected KNOB=VALUE")
+    if key == "pv_split":
+        return key, parse_split(value)
+    allowed = KNOB_TYPES.get(key)
+    if allowed is None:
+        raise InputError(f"unknown knob {key!r}; knobs: pv_split, {', '.join(KNOB_TYPES)}")
+    if bool in allowed:
+        flags = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+        if value.lower() not in flags:
+            raise InputError(f"knob {key} is yes or no (1/0, true/false), got {value!r}")
+        return key, flags[value.lower()]
+    try:
+        return key, int(value)
+    except ValueError:
+        raise InputError(f"knob {key} is an integer, got {value!r}") from None
+
+
 def check_option_types(*, window, pv_split, tuning) -> None:
     """The types the options must have, for a path that converts them before the checks see them (torch.compile's
     op arguments: int(3.7) would pass as 3): InputError for a window or split that is not ints, or a knob of

@@ -39,8 +39,7 @@ from bench.gpu_run import measure_together
 from bench.inputs import make_inputs
 from bench.peers import PEERS, VARLEN_PEER_IMPLS, Peer
 from bench.report import geomean
-from codegen.api import KNOB_TYPES
-from codegen.spec import parse_split
+from codegen.api import InputError, parse_knob
 from layouts.dtypes import DTYPE_NAMES
 
 
@@ -48,18 +47,10 @@ def parse_variant(text: str) -> tuple[str, dict]:
     name, _, knobs = text.partition(":")
     if not name:
         raise SystemExit(f"--variant {text!r}: expected NAME:KNOB=VALUE,...")
-    kwargs = {}
-    for item in filter(None, knobs.split(",")):
-        key, _, value = item.partition("=")
-        if key == "pv_split":
-            kwargs[key] = parse_split(value)
-        elif bool in KNOB_TYPES.get(key, ()):
-            kwargs[key] = value.lower() in ("1", "true", "yes")
-        elif int in KNOB_TYPES.get(key, ()):
-            kwargs[key] = int(value)
-        else:
-            raise SystemExit(f"--variant {text!r}: unknown knob {key!r}")
-    return name, kwargs
+    try:
+        return name, dict(parse_knob(item) for item in filter(None, knobs.split(",")))
+    except InputError as e:
+        raise SystemExit(f"--variant {text!r}: {e}") from None
 
 
 def flashgen_peer(name: str, kwargs: dict) -> Peer:

@@ -20,7 +20,7 @@ import sys
 # The checkout's root on the path (bench/, scripts/, and codegen/ where it is not installed): no PYTHONPATH=.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from codegen.api import prepare
+from codegen.api import InputError, parse_knob, prepare
 from bench.cases import parse_shape
 from codegen.check import torch_dtype
 from layouts.dtypes import DTYPE_NAMES
@@ -31,7 +31,8 @@ def shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", required=True, metavar="B,S,H,D")
     parser.add_argument("--dtype", default="bf16", choices=DTYPE_NAMES)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--knob", action="append", default=[], metavar="NAME=INT")
+    parser.add_argument("--knob", action="append", default=[], metavar="KNOB=VALUE",
+                        help="a tuning knob of prepare(), e.g. block_n=128, lazy_rescale=1, pv_split=96+32")
 
 
 def random_inputs(args: argparse.Namespace):
@@ -42,8 +43,15 @@ def random_inputs(args: argparse.Namespace):
     dtype = torch_dtype(args.dtype)
     q = torch.randn(batch, seq, heads, dim, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, seq, kv_heads or heads, dim, device="cuda", dtype=dtype) for _ in range(2))
-    knobs = {name: int(value) for name, _, value in (k.partition("=") for k in args.knob)}
-    return (q, k, v), knobs
+    return (q, k, v), knobs_of(args)
+
+
+def knobs_of(args: argparse.Namespace) -> dict:
+    """--knob's values as prepare() keywords (SystemExit with the reason for a bad one)."""
+    try:
+        return dict(parse_knob(text) for text in args.knob)
+    except InputError as e:
+        raise SystemExit(f"--knob: {e}") from None
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,7 @@ bookkeeping (with a stand-in for torch.cuda) and the compile-time report (real N
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import importlib.util
@@ -1704,3 +1705,27 @@ def test_ab_variant_knobs_take_the_api_types():
     assert name == "v" and kwargs == dict(lazy_rescale=True, persistent=False, block_n=80, pv_split=(48, 32))
     with pytest.raises(SystemExit, match="unknown knob 'bogus'"):
         ab.parse_variant("v:bogus=1")
+    with pytest.raises(SystemExit, match="persistent is yes or no"):
+        ab.parse_variant("v:persistent=maybe")  # a typo is an error, not a silent False
+
+
+def test_parse_knob_gives_prepare_the_types_it_accepts():
+    """codegen.api.parse_knob: bool knobs as bools (prepare() refuses 1 for True), ints as ints, the split as a
+    tuple; a bad name or value is an InputError naming it. scripts/profile_one.py's --knob (and so trace.py's) uses it."""
+    from codegen.api import InputError, KNOB_TYPES, check_option_types, parse_knob
+
+    assert parse_knob("lazy_rescale=1") == ("lazy_rescale", True)
+    assert parse_knob("pingpong=false") == ("pingpong", False)
+    assert parse_knob("stages=3") == ("stages", 3)
+    assert parse_knob("pv_split=96+32") == ("pv_split", (96, 32))
+    tuning = dict(parse_knob(f"{knob}={1 if bool in types else 64}") for knob, types in KNOB_TYPES.items())
+    check_option_types(window=None, pv_split=None, tuning=tuning)  # every parsed knob has prepare()'s type
+    for bad, message in (("lazy_rescale=2", "yes or no"), ("stages=two", "an integer"), ("bogus=1", "unknown knob"),
+                         ("stages", "expected KNOB=VALUE")):
+        with pytest.raises(InputError, match=message):
+            parse_knob(bad)
+    spec = importlib.util.spec_from_file_location("profile_one", ROOT / "scripts" / "profile_one.py")
+    profile_one = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_one)
+    assert profile_one.knobs_of(argparse.Namespace(knob=["lazy_rescale=1", "block_n=128"])) == dict(
+        lazy_rescale=True, block_n=128)
