@@ -1122,8 +1122,17 @@ static __device__ __forceinline__ void consumer(const Params& args, unsigned cha
       wgmma_wait<0>();  // PV(j-1) is done: its P registers and V slot are free, and O may be rescaled
       trace(kEvPvDone, t);
       release_v(bars, lane, s_prev, t - 1 < tile.n_shared);
-      rescale_o<kTail ? cfg::kTailRescaleVote : cfg::kConditionalRescale>(o, alpha);
-      pack_p<kCols / 2>(p, sc);
+      // With the vote, P is packed ahead of its branch, where ptxas interleaves the conversions with the last
+      // exponentials (it moves none across the branch); without it, in the old order, which ptxas schedules
+      // better there (bench/LOG.md v51).
+      constexpr bool kVote = kTail ? cfg::kTailRescaleVote : cfg::kConditionalRescale;
+      if constexpr (kVote) {
+        pack_p<kCols / 2>(p, sc);
+        rescale_o<true>(o, alpha);
+      } else {
+        rescale_o<false>(o, alpha);
+        pack_p<kCols / 2>(p, sc);
+      }
       trace(kEvPacked, t);
     };
     if (n_kv > 0) {
