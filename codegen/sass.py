@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .cuda_env import ToolchainMissingError, _candidate_roots
 
-__all__ = ["nvdisasm_path", "disassemble", "opcode_counts", "instructions", "work_before_full_waits"]
+__all__ = ["nvdisasm_path", "disassemble", "opcode_counts", "instructions", "work_before_full_waits",
+           "work_after_vote_branches"]
 
 PIP_HINT_NVDISASM = "pip install 'nvidia-cuda-nvdisasm>=13.2,<14'"
 
@@ -139,4 +140,36 @@ def work_before_full_waits(sass: str, opcode: str = "MUFU.EX2") -> list[int]:
                 between = None
         elif between is not None and (m.group(1) + m.group(2)).startswith(opcode):
             between += 1
+    return counts
+
+
+# "VOTE.ANY P0, P0 ;": a warp vote into a predicate; "@!P0 BRA `(.L_x_12) ;": a branch on one.
+_VOTE_RE = re.compile(r"\bVOTE\.ANY\s+(P[0-6])\s*,")
+_BRANCH_RE = re.compile(r"@!?(P[0-6])\s+BRA\b")
+
+
+def work_after_vote_branches(sass: str, opcode: str = "F2FP") -> list[int]:
+    """For each warp vote (``VOTE.ANY Pn``), how many ``opcode`` instructions lie after the first branch on its
+    predicate and before the next ``BAR.SYNC`` (the next step's turn), in the text's order. In the forward's main
+    loop that is work left behind the rescale vote's branch, which ptxas does not interleave with what came before."""
+    counts, vote_pred, after = [], None, None
+    for line in sass.splitlines():
+        m = _INSN_RE.match(line)
+        if not m:
+            continue
+        op = m.group(1) + m.group(2)
+        if after is not None and (op.startswith("BAR.SYNC") or op.startswith("VOTE")):
+            counts.append(after)
+            after = None
+        vote = _VOTE_RE.search(line)
+        if vote:
+            vote_pred = vote.group(1)
+            continue
+        branch = _BRANCH_RE.search(line)
+        if vote_pred and branch and branch.group(1) == vote_pred:
+            vote_pred, after = None, 0
+        elif after is not None and op.startswith(opcode):
+            after += 1
+    if after is not None:
+        counts.append(after)
     return counts

@@ -363,6 +363,31 @@ def test_the_pin_is_off_where_it_spills():
         assert built.compiled.spill_stores.get(built.rendered.kernel_name, 0) == 0
 
 
+VOTING = [
+    KernelSpec(seq_len=1024, heads=64, head_dim=128),  # the seed: dense D=128 up to 2048 keys keeps the vote
+    KernelSpec(seq_len=4096, heads=16, head_dim=192, dtype="bf16"),
+    KernelSpec(seq_len=4096, heads=16, head_dim=256, dtype="bf16"),
+]
+
+
+@pytest.mark.parametrize("spec", VOTING, ids=lambda s: resolve(s).name)
+def test_p_is_packed_ahead_of_the_rescale_vote(spec):
+    """A step that votes on O's rescale packs P before the vote's branch, so ptxas interleaves the conversions with
+    the exponentials instead of leaving them all behind the branch (bench/LOG.md v51: the seed +2%)."""
+    spec = resolve(spec)
+    after = sass.work_after_vote_branches(sass.disassemble(build(spec).compiled.cubin), "F2FP")
+    assert after and set(after) == {0}, f"P's conversions after each vote's branch: {after}"
+
+
+def test_work_after_vote_branches_reads_each_vote():
+    text = "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate([
+        "F2FP.BF16.F32.PACK_AB R1, R2, R3", "VOTE.ANY P0, P0", "@!P1 BRA `(.L_x_1)", "F2FP.BF16.F32.PACK_AB R1, R2, R3",
+        "@!P0 BRA `(.L_x_2)", "FMUL R1, R1, R2", "F2FP.BF16.F32.PACK_AB R1, R2, R3", "F2FP.BF16.F32.PACK_AB R4, R2, R3",
+        "BAR.SYNC.DEFER_BLOCKING R6, 0x100", "F2FP.BF16.F32.PACK_AB R1, R2, R3", "VOTE.ANY P2, P2",
+        "@P2 BRA `(.L_x_3)", "BAR.SYNC.DEFER_BLOCKING R6, 0x100"]))
+    assert sass.work_after_vote_branches(text) == [2, 0]
+
+
 def test_work_before_full_waits_reads_the_wait_pairs():
     text = "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate([
         "MUFU.EX2 R1, R2", "WARPGROUP.DEPBAR.LE gsb0, 0x2", "MUFU.EX2 R1, R2", "@P0 MUFU.EX2 R3, R4",
