@@ -339,6 +339,19 @@ def accuracy_failure(x, ref, yardstick, *, factor: float = 2.0, floor: float = 1
 LSE_ATOL, LSE_RTOL = 1e-4, 1e-5
 
 
+def lse_rel_err(lse, ref) -> float:
+    """||lse - ref|| over the larger of ||ref|| and sqrt(rows), in float64; inf for a NaN or inf in lse. A row's
+    logsumexp can sit near 0 (one key with q.k near 0), so over a handful of rows the plain relative error divides
+    by almost nothing (float32's 1e-7 on a value of 1e-3 reads as 1e-4); normalizing by at least 1 a row keeps the
+    global bound meaningful there and changes nothing where the rows' RMS is 1 or more. lse_failure checks each row."""
+    import torch
+
+    lse, ref = lse.double(), ref.to(lse.device).double()
+    if not torch.isfinite(lse).all():
+        return float("inf")
+    return float((lse - ref).norm() / max(float(ref.norm()), ref.numel() ** 0.5))
+
+
 def lse_failure(lse, ref) -> str | None:
     """Why lse fails against the float64 `ref`, or None: infinite (no key and no sink) exactly where ref is, NaN
     nowhere, and within LSE_ATOL + LSE_RTOL |ref| elsewhere."""

@@ -19,6 +19,23 @@ def test_worst_element_names_the_index_and_whether_the_value_is_misplaced():
     assert worst_element(x, ref).startswith("worst at (0, 1, 1): nan")
 
 
+def test_lse_rel_err_is_relative_to_at_least_one_a_row():
+    """One row whose logsumexp is near 0 (a single key with q.k ~ 0): float32's rounding is no failure there, as
+    the plain relative error made it (tests/test_gpu.py's B1-S1-H1 cases, twice in the project's history); over
+    many O(1) rows it is the plain relative error, and it still catches an error or a NaN."""
+    torch = pytest.importorskip("torch")
+    from codegen.check import lse_rel_err, rel_err
+
+    ref = torch.tensor([[[2e-3]]], dtype=torch.float64)  # (B, H, S) = one row
+    lse = (ref + 3e-7).float()                            # float32 rounding of an O(1) computation
+    assert rel_err(lse, ref) > 1e-5 and lse_rel_err(lse, ref) < 1e-6
+    assert lse_rel_err(ref + 1e-3, ref) > 1e-5            # a real error still fails
+    assert lse_rel_err(torch.full_like(ref, float("nan")), ref) == float("inf")
+    many = torch.linspace(3.0, 9.0, 4096, dtype=torch.float64).reshape(1, 4, 1024)
+    off = many * (1 + 2e-5)
+    assert lse_rel_err(off, many) == pytest.approx(rel_err(off, many))
+
+
 def test_row_rel_err_sees_one_wrong_row_that_the_global_error_hides():
     torch = pytest.importorskip("torch")
     from codegen.check import rel_err, row_rel_err
