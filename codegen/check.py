@@ -297,14 +297,14 @@ def worst_element(x, ref) -> str:
             f"over 1% of max|ref|; value {'occurs' if elsewhere else 'does not occur'} elsewhere in the reference")
 
 
-def rel_err(x, ref) -> float:
-    """||x - ref|| / ||ref|| in float64; inf when x holds a NaN or inf."""
+def rel_err(x, ref, *, norm_at_least: float = 0.0) -> float:
+    """||x - ref|| / ||ref|| in float64 (||ref|| taken as at least norm_at_least); inf when x holds a NaN or inf."""
     import torch
 
     x = x.double()
     if not torch.isfinite(x).all():
         return float("inf")
-    return float((x - ref).norm() / ref.norm())
+    return float((x - ref).norm() / ref.norm().clamp(min=norm_at_least))
 
 
 def row_rel_err(x, ref) -> float:
@@ -344,12 +344,7 @@ def lse_rel_err(lse, ref) -> float:
     logsumexp can sit near 0 (one key with q.k near 0), so over a handful of rows the plain relative error divides
     by almost nothing (float32's 1e-7 on a value of 1e-3 reads as 1e-4); normalizing by at least 1 a row keeps the
     global bound meaningful there and changes nothing where the rows' RMS is 1 or more. lse_failure checks each row."""
-    import torch
-
-    lse, ref = lse.double(), ref.to(lse.device).double()
-    if not torch.isfinite(lse).all():
-        return float("inf")
-    return float((lse - ref).norm() / max(float(ref.norm()), ref.numel() ** 0.5))
+    return rel_err(lse, ref.to(lse.device).double(), norm_at_least=ref.numel() ** 0.5)
 
 
 def lse_failure(lse, ref) -> str | None:
