@@ -45,7 +45,8 @@ def test_explicit_defaults():
 
     persistent = lambda s: policy.persistent_by_default(s.replace(block_n=policy.default_block_n(s)))  # noqa: E731
     assert persistent(spec(1024, 128)) and persistent(spec(1024, 64)) and persistent(spec(4096, 96))
-    assert not persistent(spec(4096, 128, causal=True)) and not persistent(spec(3073, 128, causal=True))
+    assert persistent(spec(4096, 128, causal=True)) and not persistent(spec(4097, 128, causal=True))  # v53
+    assert not persistent(spec(4096, 96, causal=True)) and not persistent(spec(3073, 64, causal=True))
     assert persistent(spec(1024, 128, causal=True)) and persistent(spec(512, 64, causal=True))
     assert persistent(spec(2048, 128, causal=True)) and persistent(spec(3072, 96, causal=True))
     assert not persistent(spec(512, 128, causal=True, seq_len_k=8192))  # the keys decide: long tiles stay per-tile
