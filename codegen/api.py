@@ -127,8 +127,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return attention(query, key, value, causal=is_causal, scale=scale, layout="bhsd")
 
 
-TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "q_in_registers",
-                "short_tail", "lazy_rescale", "trace")
+TUNING_KNOBS = ("block_n", "stages", "pingpong", "persistent", "tile_overlap", "multicast", "short_tail",
+                "lazy_rescale", "trace")
 MAX_LAUNCHERS = 256
 VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")  # a varlen tuple's names, in order
 PACKED_DIMS = "total, H, D"  # a variable-length batch's tensors, as errors name their dimensions
@@ -254,12 +254,12 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
             window: tuple[int, int] | None = None, softcap: float = 0.0, pv_split: tuple[int, ...] | None = None,
             sinks=None, out=None, block_n: int = 0, stages: int = 0, pingpong: bool | None = None,
             persistent: bool | None = None, tile_overlap: bool | None = None, multicast: bool | None = None,
-            q_in_registers: bool | None = None, short_tail: bool = True, lazy_rescale: bool | None = None, trace: bool = False, cu_seqlens_q=None,
+            short_tail: bool = True, lazy_rescale: bool | None = None, trace: bool = False, cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
             check: bool = True) -> PreparedAttention:
     """Check the inputs, get the specialized kernel, allocate o and lse, encode the tensor maps.
 
-    pv_split, block_n, stages, pingpong, persistent, tile_overlap, multicast, q_in_registers, short_tail and lazy_rescale are the
+    pv_split, block_n, stages, pingpong, persistent, tile_overlap, multicast, short_tail and lazy_rescale are the
     tuning knobs of KernelSpec, and trace asks for the instrumented build that codegen/trace.py reads; the defaults are the
     measured choices of codegen.policy. `sinks` as in `attention`. With cu_seqlens (see `attention`) the sequence offsets are
     copied to the host once here, to check them: a wrong offset or max length would otherwise be a wrong answer;
@@ -271,8 +271,7 @@ def prepare(q, k, v, *, causal: bool = False, scale: float | None = None, layout
     from . import driver
 
     tuning = dict(block_n=block_n, stages=stages, pingpong=pingpong, persistent=persistent,
-                  tile_overlap=tile_overlap, multicast=multicast,
-                  q_in_registers=q_in_registers, short_tail=short_tail, lazy_rescale=lazy_rescale,
+                  tile_overlap=tile_overlap, multicast=multicast, short_tail=short_tail, lazy_rescale=lazy_rescale,
                   trace=trace)
     call = _resolve_call(q, k, v, causal=causal, scale=scale, layout=layout, window=window, softcap=softcap,
                          pv_split=pv_split, tuning=tuning, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
@@ -646,8 +645,7 @@ def _check_device(t) -> None:
 
 
 KNOB_TYPES = {"block_n": (int,), "stages": (int,), "pingpong": (bool, type(None)), "persistent": (bool, type(None)),
-              "tile_overlap": (bool, type(None)), "multicast": (bool, type(None)),
-              "q_in_registers": (bool, type(None)), "short_tail": (bool,),
+              "tile_overlap": (bool, type(None)), "multicast": (bool, type(None)), "short_tail": (bool,),
               "lazy_rescale": (bool, type(None)), "trace": (bool,)}
 
 

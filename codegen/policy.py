@@ -207,11 +207,6 @@ POLICY: tuple[Choice, ...] = (
          "ab-20261205T1145Z-multicast-h100.md", ("v33", "v34"),
          "slower everywhere (H100): pairs 0.956x-1.098x vs 1.143x-1.251x unpaired on the long rows; sharing costs"),
 
-    # --- q_in_registers: QK^T reads Q from registers, only K from shared memory (KernelSpec.q_in_registers) -------
-    _row("q_in_registers", False, OTHERWISE,
-         (), "v36",
-         "not measured yet"),
-
     # --- pingpong: the two consumers take turns issuing their MMAs (KernelSpec.pingpong = None) -----------------
     _row("pingpong", True, OTHERWISE,
          ("ab-20261130T1630Z-knob-sweep.json", "ab-20261206T1345Z-d256-turns-blocks-h100.md",
@@ -425,11 +420,6 @@ def tile_overlap_by_default(spec: KernelSpec) -> bool:
     """Whether a spec with tile_overlap=None overlaps its tile boundary. Where the plan cannot (tiles not alike)
     the answer is True, which changes nothing and keeps the name plain."""
     return choose("tile_overlap", spec)
-
-
-def q_in_registers_by_default(spec: KernelSpec) -> bool:
-    """Whether a spec with q_in_registers=None holds Q in registers (reads spec.block_n: call it once that is set)."""
-    return choose("q_in_registers", spec)
 
 
 def max_stages(spec: KernelSpec) -> int:

@@ -72,10 +72,6 @@ class KernelSpec:
     # tile's cluster has an idle peer); persistent only where the tiles are alike (`pairs_alike_tiles`: the pair's
     # rings then advance together). None: codegen.policy decides.
     multicast: bool | None = None
-    # Each consumer holds its 64 query rows of Q in registers (head_dim / 4 of them, loaded once a tile) and QK^T
-    # reads Q from there (wgmma's register-A form): every key block's QK then reads only K from shared memory.
-    # Costs the registers, so it fits where S, P, O and Q do. None: codegen.policy decides.
-    q_in_registers: bool | None = None
     # Fixed lengths without a window whose keys end in a part block: that block's QK^T and PV run only over its
     # keys, rounded up to 16 (a narrower wgmma), instead of the whole block_n. Off: the whole block, masked.
     short_tail: bool = True
@@ -111,9 +107,6 @@ class KernelSpec:
                      f"block_n {self.block_n} with head_dim {self.head_dim} needs {regs} accumulator registers per "
                      f"consumer thread (S {self.block_n // 2} + P {self.block_n // 4} + O {self.head_dim // 2}), over "
                      f"the {MAX_ACCUMULATOR_REGISTERS} that fit without spilling; use a smaller block_n")
-            _require(not self.q_in_registers or self.q_register_slices > 0,
-                     f"q_in_registers: block_n {self.block_n} with head_dim {self.head_dim} leaves no 4 of the "
-                     f"{MAX_ACCUMULATOR_REGISTERS} accumulator registers for a 16-wide slice of Q; use q_in_registers=False")
         # One stage is not offered: every load would wait for the MMA that frees its only slot, so nothing would
         # load under compute (and the kernel's ring logic is only tested from 2 up).
         deepest = MAX_STAGES_BY_ARCH.get(self.arch, 4)
@@ -131,7 +124,7 @@ class KernelSpec:
         _require(isinstance(self.trace, bool), f"trace must be True or False, got {self.trace!r}")
         _require(isinstance(self.short_tail, bool), f"short_tail must be True or False, got {self.short_tail!r}")
         _require(isinstance(self.sinks, bool), f"sinks must be True or False, got {self.sinks!r}")
-        for knob in ("pingpong", "persistent", "tile_overlap", "multicast", "q_in_registers", "lazy_rescale"):
+        for knob in ("pingpong", "persistent", "tile_overlap", "multicast", "lazy_rescale"):
             value = getattr(self, knob)  # a type test: 1 == True would pass `value in (None, True, False)`
             _require(value is None or isinstance(value, bool),
                      f"{knob} must be True, False or None (the default for the shape), got {value!r}")
@@ -199,19 +192,9 @@ class KernelSpec:
         return (f"flashgen_fwd_{self.arch}_s{self.seq_len}_h{self.heads}_d{self.head_dim}_{self.dtype}_{mask}"
                 f"_m{self.block_m}n{bn}_pv{split}_st{stages}" + extras + ("_nopp" if self.pingpong is False else "")
                 + ("_persist" if self.persistent is True else "") + ("_noovl" if self.tile_overlap is False else "")
-                + ("_mc" if self.multicast is True else "") + ("_qreg" if self.q_in_registers is True else "")
+                + ("_mc" if self.multicast is True else "")
                 + ("" if self.short_tail else "_fulltail") + ("_lazy" if self.lazy_rescale else "")
                 + ("_trace" if self.trace else ""))
-
-    @property
-    def q_register_slices(self) -> int:
-        """QK^T's 16-wide k-slices whose A operand (Q) a consumer holds in registers (q_in_registers): as many as
-        fit beside S, P and O in MAX_ACCUMULATOR_REGISTERS, four registers each, up to the whole head dim; the
-        rest are read from the Q tile in shared memory as without it. 0 without q_in_registers."""
-        if not self.q_in_registers or not self.block_n:
-            return 0
-        spare = MAX_ACCUMULATOR_REGISTERS - (self.block_n // 2 + self.block_n // 4 + self.head_dim // 2)
-        return max(0, min(self.head_dim // MMA_K, spare // 4))
 
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)

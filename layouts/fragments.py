@@ -122,43 +122,6 @@ def s_slice_is_a_operand(n: int) -> None:
             f"register value {r[i]} of slice {j[i]} is (row {p['row'][i]}, k {16 * j[i] + p['k'][i]})")
 
 
-def a_operand_registers(k_extent: int) -> LinearLayout:
-    """(lane, warp, reg) -> (row, k) of a 64 x k_extent 16-bit A operand held in 32-bit registers, k_extent / 16
-    wgmma k-slices of four registers each (for k_extent not a power of two, the map of the next one, whose first
-    k_extent / 4 registers are the tile's): register i is slice i / 4's register i % 4, and holds the element
-    at (row, k) and, in its high half, (row, k + 1) (`check_a_operand_registers` proves it against the slice map).
-
-    This is how the forward kernel holds Q (KernelSpec.q_in_registers): register i is loaded from the Q tile at
-    this (row, k), and QK^T's slice j passes registers 4j..4j+3 as its A operand.
-    """
-    if k_extent % 16 or k_extent < 16:
-        raise LayoutError(f"an A operand held in registers spans whole 16-wide k slices, not {k_extent}")
-    slices = _pow2_at_least(k_extent // 16)  # 96: the map of 128, whose first 24 registers are the 96 (as S's)
-    slice_bits = slices.bit_length() - 1
-    bases = {
-        "lane": [{"row": 0, "k": 2}, {"row": 0, "k": 4}, {"row": 1, "k": 0}, {"row": 2, "k": 0}, {"row": 4, "k": 0}],
-        "warp": [{"row": 16, "k": 0}, {"row": 32, "k": 0}],
-        "reg": [{"row": 8, "k": 0}, {"row": 0, "k": 8}] + [{"row": 0, "k": 16 << b} for b in range(slice_bits)],
-    }
-    return LinearLayout(bases, {"lane": 32, "warp": 4, "reg": 4 * slices}, {"row": 64, "k": 16 * slices})
-
-
-def check_a_operand_registers(k_extent: int) -> None:
-    """Register i of `a_operand_registers(k_extent)` holds, in its low and high halves, A values 2(i % 4) and
-    2(i % 4) + 1 of slice i / 4 (`wgmma_a_registers`, the PTX table): the first at the layout's (row, k)."""
-    regs, a = a_operand_registers(k_extent), wgmma_a_registers()
-    i, lane, warp, half = (g.ravel() for g in np.meshgrid(np.arange(k_extent // 4), np.arange(32), np.arange(4),
-                                                          np.arange(2), indexing="ij"))
-    held = regs.apply({"lane": lane, "warp": warp, "reg": i})
-    table = a.apply({"lane": lane, "warp": warp, "reg": 2 * (i % 4) + half})
-    bad = np.nonzero((held["row"] != table["row"]) | (held["k"] + half != 16 * (i // 4) + table["k"]))[0]
-    if bad.size:
-        b = bad[0]
-        raise LayoutError(f"register {i[b]} of lane {lane[b]}, warp {warp[b]}, half {half[b]}: the layout says (row "
-                          f"{held['row'][b]}, k {held['k'][b] + half[b]}), the A table (row {table['row'][b]}, k "
-                          f"{16 * (i[b] // 4) + table['k'][b]})")
-
-
 @dataclass(frozen=True)
 class FragmentC:
     row_c: str  # over `warp`, `lane`, `i`

@@ -14,7 +14,7 @@ from codegen import sass
 from codegen.build import build
 from codegen.families import fwd_sm90, make_plan, resolve
 from codegen.render import environment, render
-from codegen.spec import SUPPORTED_BLOCK_N, SUPPORTED_HEAD_DIMS, KernelSpec, SpecError, parse_split
+from codegen.spec import SUPPORTED_BLOCK_N, KernelSpec, SpecError, parse_split
 from layouts import fragments
 
 # Every variant the template can emit: both dtypes, both masks, every head dim and each of its splits.
@@ -254,82 +254,6 @@ def test_a_wrong_a_fragment_is_refused(monkeypatch):
     monkeypatch.setattr(fragments, "wgmma_a_registers", swapped)
     with pytest.raises(fragments.LayoutError, match="S value 2 of lane 0, warp 0 is \\(8, 0\\)"):
         fragments.s_slice_is_a_operand(80)
-
-
-def test_q_registers_are_the_a_operand_slices():
-    """Q held in registers (KernelSpec.q_in_registers): register i is slice i / 4's A register i % 4, its low half at
-    the layout's (row, k); exact bases, and the check against the PTX A table for every head dim."""
-    regs = fragments.a_operand_registers(128)
-    assert regs.bases["reg"] == [{"row": 8, "k": 0}, {"row": 0, "k": 8}, {"row": 0, "k": 16}, {"row": 0, "k": 32},
-                                 {"row": 0, "k": 64}]
-    assert regs.bases["lane"] == fragments.wgmma_a_registers().bases["lane"]
-    # slice 3, A register 1 (values 2, 3: the lower 8 rows), lane 5 = row 1, k pair 1
-    assert regs.apply({"lane": 5, "warp": 2, "reg": 13}) == {"row": 32 + 8 + 1, "k": 48 + 2}
-    for head_dim in SUPPORTED_HEAD_DIMS:
-        fragments.check_a_operand_registers(head_dim)
-    assert fragments.a_operand_registers(96).in_dims["reg"] == 32  # the map of 128; its first 24 registers are Q's
-
-
-def test_a_wrong_q_register_map_is_refused(monkeypatch):
-    real = fragments.a_operand_registers
-
-    def swapped(k_extent):  # registers' first two bits exchanged: k 8 apart where the table has rows 8 apart
-        bases = real(k_extent).bases
-        bases["reg"][0], bases["reg"][1] = bases["reg"][1], bases["reg"][0]
-        return fragments.LinearLayout(bases, real(k_extent).in_dims, real(k_extent).out_dims)
-
-    monkeypatch.setattr(fragments, "a_operand_registers", swapped)
-    with pytest.raises(fragments.LayoutError, match="register 1 of lane 0, warp 0, half 0"):
-        fragments.check_a_operand_registers(128)
-
-
-def test_q_register_loads_follow_the_q_tile_formula():
-    """Every Q register's load address is its base register's address plus an immediate, and lands on the Q
-    tile's verified formula at the register's (row, k) for every thread; its second element is the next one."""
-    from layouts.cexpr import compile_c_expr
-
-    for head_dim in (64, 96, 128):
-        plan = make_plan(KernelSpec(seq_len=4096, heads=8, head_dim=head_dim, dtype="bf16", causal=True,
-                                    block_n=128, q_in_registers=True))
-        loads = fwd_sm90.q_register_loads(plan)
-        regs = fragments.a_operand_registers(head_dim)
-        offset = compile_c_expr(plan.q.formula_c, ("m", "k"))
-        assert len(loads["loads"]) == head_dim // 4 and len(loads["bases"]) <= 8
-        for lane in range(32):
-            for warp in range(4):
-                def address(i):
-                    at = regs.apply({"lane": lane, "warp": warp, "reg": i})
-                    return int(offset({"m": at["row"], "k": at["k"]}))
-                for i, load in enumerate(loads["loads"]):
-                    assert address(loads["bases"][load["base"]]) + load["imm"] == address(i)
-
-
-def test_q_in_registers_compiles_to_register_a_qk():
-    """The causal D=128 kernel with Q in registers: the same wgmmas, 32 shared loads of Q a tile (one per
-    register), no spills; the default kernel loads none of Q. D=256 at 80-key blocks holds the 5 of Q's 16 slices that
-    fit beside S, P and O (20 loads); the other 11 stay shared-memory wgmmas."""
-    spec = KernelSpec(seq_len=4096, heads=8, head_dim=128, dtype="bf16", causal=True)
-    built = build(spec.replace(q_in_registers=True), use_cache=False)
-    ops = sass.opcode_counts(sass.disassemble(built.compiled.cubin), modifiers=True)
-    base = sass.opcode_counts(sass.disassemble(build(spec, use_cache=False).compiled.cubin), modifiers=True)
-    assert built.compiled.spill_stores == {built.plan.spec.name: 0}
-    assert built.plan.spec.q_register_slices == 8
-    assert ops["LDS"] - base["LDS"] == 128 // 4  # the persistent loop's tile-slot read is the base's one
-    assert ops["HGMMA.64x128x16.F32.BF16"] == base["HGMMA.64x128x16.F32.BF16"] > 0
-    assert "load_q_registers" in render(built.plan).source and "load_q_registers" not in render(make_plan(spec)).source
-    wide = KernelSpec(seq_len=4096, heads=8, head_dim=256, dtype="bf16", q_in_registers=True)
-    built = build(wide, use_cache=False)
-    assert built.plan.spec.block_n == 80 and built.plan.spec.q_register_slices == 5
-    assert built.compiled.spill_stores == {built.plan.spec.name: 0}
-    source = render(built.plan).source
-    # both of issue_qk's branches (S overwritten by its first slice or not): slices 0-4 from registers, 5-15 not
-    assert source.count("wgmma_qk80_rs(s, qa[16]") == 2 and source.count("wgmma_qk80_first_rs(s, qa[0]") == 1
-    assert "wgmma_qk80(s, desc_at(cfg::kQDesc[5], q_tile)" in source and "qa[20]" not in source
-    wide_base = build(wide.replace(q_in_registers=False), use_cache=False).compiled.cubin
-    assert (sass.opcode_counts(sass.disassemble(built.compiled.cubin), modifiers=True)["LDS"]
-            - sass.opcode_counts(sass.disassemble(wide_base), modifiers=True).get("LDS", 0)) == 5 * 4
-    with pytest.raises(SpecError, match="Q in registers"):
-        resolve(KernelSpec(seq_len=4096, heads=8, head_dim=128, arch="sm_100a", q_in_registers=True))
 
 
 @pytest.mark.parametrize("n", range(8, 257, 8))

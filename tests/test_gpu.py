@@ -390,35 +390,6 @@ def test_short_tail_block(short_tail, seq_q, seq_k, head_dim, block_n, persisten
                  tuning=dict(block_n=block_n, persistent=persistent, short_tail=short_tail))
 
 
-# --- q_in_registers: each consumer loads its first Q slices into registers once a tile; QK^T takes them as the A
-# operand. All of Q where S, P, O and Q fit (D=64, 96 and 128 at 128-key blocks), the first slices elsewhere (D=256 at
-# 80 keys: 5 of 16; D=128 at 176 keys: 3 of 8). Causal per-tile grids, dense and persistent tiles (the next tile's
-# Q lands in the slot the registers were loaded from), a short tail block, GQA, a window with a soft cap, fewer keys
-# than queries; varlen below.
-@pytest.mark.parametrize("seq_q, seq_k, head_dim, causal, kv_heads, window, softcap, persistent, block_n", [
-    (4096, 4096, 128, True, 16, None, 0.0, None, 128),    # the causal per-tile grid
-    (1000, 1000, 128, True, 4, None, 0.0, None, 128),     # short causal: persistent by the policy
-    (2048, 2048, 128, False, 16, None, 0.0, True, 128),   # persistent dense tiles, Q reloaded per tile
-    (1000, 5000, 128, False, 16, None, 0.0, False, 128),  # 5000 = 39 x 128 + 8: a short tail block
-    (700, 900, 128, True, 2, (256, -1), 20.0, None, 128),
-    (1024, 1024, 64, True, 16, None, 0.0, None, 128),
-    (1000, 1000, 96, False, 4, None, 0.0, None, 128),
-    (900, 300, 128, True, 16, None, 0.0, None, 128),      # the first query rows see no key
-    (2048, 2048, 128, False, 16, None, 0.0, True, 176),   # 3 of 8 slices, persistent
-    (1000, 4100, 256, False, 4, None, 0.0, None, 80),     # 5 of 16 slices, a short tail block, GQA
-    (1000, 1000, 256, True, 16, None, 0.0, None, 80),
-])
-def test_q_in_registers(seq_q, seq_k, head_dim, causal, kv_heads, window, softcap, persistent, block_n):
-    run_coverage(2, seq_q, seq_k, 16, kv_heads, head_dim, causal=causal, window=window, softcap=softcap,
-                 scale_inputs=2.0 if softcap else 1.0,
-                 tuning=dict(block_n=block_n, q_in_registers=True, persistent=persistent))
-
-
-@pytest.mark.parametrize("causal", (False, True))
-def test_q_in_registers_varlen(causal):
-    run_varlen(RAGGED, RAGGED, 8, 2, 128, causal=causal, tuning=dict(block_n=128, q_in_registers=True))
-
-
 # --- multicast: query tiles 2c, 2c+1 as a two-CTA cluster, each key block both visit loaded once for both --------
 # Causal pairs share all but the longer tile's last block(s); fewer keys than queries leave pairs whose first tile
 # (or both) sees no key; a right window and a short tail block; D from 64 to 256 (block_n 64 to 176); GQA.

@@ -84,8 +84,7 @@ KEY_GROUP = 8
 def resolve(spec: KernelSpec) -> KernelSpec:
     if spec.arch not in ARCHS:
         raise SpecError(f"the Blackwell forward family is for {ARCHS}, not {spec.arch}")
-    unsupported = [name for name, on in (("one CTA per tile", spec.persistent is False), ("trace", spec.trace),
-                                         ("Q in registers", spec.q_in_registers is True)) if on]
+    unsupported = [name for name, on in (("one CTA per tile", spec.persistent is False), ("trace", spec.trace)) if on]
     if unsupported:
         raise SpecError(f"the first Blackwell forward kernel has no {', '.join(unsupported)} yet (issue 20)")
     if spec.sinks:

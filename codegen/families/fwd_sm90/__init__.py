@@ -3,11 +3,7 @@ softmax, optionally persistent over tiles (templates/fwd_sm90/, the plan in plan
 
 from __future__ import annotations
 
-import numpy as np
-
 from layouts import fragments
-from layouts.cexpr import compile_c_expr
-from layouts.errors import LayoutError
 from layouts.mma import SmemDescriptor
 
 from codegen import trace
@@ -110,39 +106,6 @@ def mma_operands(plan) -> dict:
     return values
 
 
-def q_register_loads(plan: Plan) -> dict:
-    """Q's first spec.q_register_slices k-slices held in registers (KernelSpec.q_in_registers): register i of a
-    consumer thread holds Q's elements at
-    `fragments.a_operand_registers` (row, k) and (row, k + 1), one 32-bit load from the Q tile (plan.q's verified
-    formula) at the address of register `bases[load[i].base]` plus `load[i].imm` bytes (fragments.address_bases).
-    Raises LayoutError where a register's two elements are not adjacent in the tile."""
-    s = plan.spec
-    k_extent = s.q_register_slices * 16  # the columns of Q in registers, from column 0
-    regs = fragments.a_operand_registers(k_extent)
-    fragments.check_a_operand_registers(k_extent)
-    offset = compile_c_expr(plan.q.formula_c, ("m", "k"))
-    lane, warp = (g.ravel() for g in np.meshgrid(np.arange(32), np.arange(4), indexing="ij"))
-
-    def at(i: int) -> tuple[np.ndarray, np.ndarray]:
-        place = regs.apply({"lane": lane, "warp": warp, "reg": np.full(lane.shape, i)})
-        return np.asarray(place["row"]), np.asarray(place["k"])
-
-    def offsets(i: int) -> np.ndarray:
-        return np.asarray(offset({"m": at(i)[0], "k": at(i)[1]}))
-
-    count = k_extent // 4
-    for i in range(count):
-        row, k = at(i)
-        if np.any(np.asarray(offset({"m": row, "k": k + 1})) != offsets(i) + s.elem_bytes):
-            raise LayoutError(f"Q register {i}: its two elements are not adjacent in the Q tile ({plan.q.formula_c})")
-    loads = fragments.address_bases(offsets, range(count))
-    bases = sorted({base for _, base, _ in loads})
-    return {"slices": s.q_register_slices, "count": count, "bases": bases, "loads": [{"base": bases.index(base), "imm": imm} for _, base, imm in loads],
-            "row_c": fragments.bit_gather_c(regs, "row", {"lane": "lane", "warp": "warp", "reg": "i"}),
-            "col_c": fragments.bit_gather_c(regs, "k", {"lane": "lane", "warp": "warp", "reg": "i"}),
-            "offset_c": plan.q.formula_c}
-
-
 def context(plan: Plan) -> dict:
     s = plan.spec
     tail_n = plan.tail_n
@@ -186,8 +149,6 @@ def context(plan: Plan) -> dict:
         "qk_widths": qk_widths,
         "qk_wgmmas": [{"name": f"wgmma_qk{n}{'_first' if fresh else ''}", "n": n, "fresh": fresh}
                       for n in qk_widths for fresh in (False, True)],
-        "q_in_registers": bool(s.q_in_registers),
-        "q_regs": q_register_loads(plan) if s.q_in_registers else None,
         "pv_chunks": plan.pv_chunks,
         "pv_chunk_sizes": list(s.pv_split),
         # The last block's PV: over a short tail's keys only, else the whole split.

@@ -73,8 +73,6 @@ def resolve(spec: KernelSpec) -> KernelSpec:
         spec = spec.replace(pingpong=policy.pingpong_by_default(spec))
     if spec.persistent is None:
         spec = spec.replace(persistent=policy.persistent_by_default(spec))
-    if spec.q_in_registers is None:
-        spec = spec.replace(q_in_registers=policy.q_in_registers_by_default(spec))
     if spec.tile_overlap is None:
         spec = spec.replace(tile_overlap=policy.tile_overlap_by_default(spec))
     if spec.lazy_rescale is None:
