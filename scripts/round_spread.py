@@ -9,6 +9,14 @@ the two `ms` (what the matrix reports), and the same ratio round by round (peer'
 the two ran within one round, so a clock both saw cancels). Where the per-round median differs from the reported
 ratio, the run's median rests on a few rounds that caught one implementation at another clock. The last line
 counts the cases under 1.0x round by round (scripts/gpu_check.py puts it in its summary).
+
+    python3 scripts/round_spread.py FILE [FILE ...] --after
+
+reads what each slot followed instead: the rounds are replayed in the benchmark's orders (bench.gpu_run.round_orders
+over a case's timed implementations, the file's rows but the headline `flashgen`, in order; a row with a `call_ms`
+had its call slot right after its kernel slot), and each kernel slot's round median over its implementation's median
+is averaged by the slot just before it ("first:" where that slot ended the round before). Pooled over the files'
+rows of at least --min-ms.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from bench.gpu_run import round_orders
 from bench.report import Row, load_rows, render_text
 
 HEADER = ["case", "flashgen rounds ms", "peer rounds ms", "flashgen / peer", "per round: median (range)"]
@@ -66,21 +75,69 @@ def verdict(rows: list[Row], peer: str) -> str:
     return f"{below} of {len(cases)} case(s) with flashgen / {peer} under 1.0x round by round (median of the rounds)"
 
 
+def _short(impl: str, headline: Row) -> str:
+    """flashgen's headline split as `flashgen`, its other splits as `flashgen[other]`, the peers by name."""
+    if impl == f"flashgen[{'+'.join(map(str, headline.pv_split or ()))}]":
+        return "flashgen"
+    return "flashgen[other]" if impl.startswith("flashgen[") else impl
+
+
+def after_table(runs: list[list[Row]], min_ms: float = 0.3) -> list[list[str]]:
+    """Each kernel slot's round median / its implementation's median, averaged by (implementation, the slot before
+    it), over the runs' cases whose headline flashgen row takes at least min_ms."""
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for rows in runs:
+        by_case: dict[str, list[Row]] = {}
+        for row in rows:
+            by_case.setdefault(row.case.label, []).append(row)
+        for case_rows in by_case.values():
+            headline = next((r for r in case_rows if r.impl == "flashgen" and r.ok), None)
+            timed = [r for r in case_rows if r.impl != "flashgen" and r.round_ms]
+            if headline is None or headline.ms < min_ms or len(timed) < 2 or len({len(r.round_ms) for r in timed}) > 1:
+                continue
+            before = None
+            for r, order in enumerate(round_orders(len(timed), len(timed[0].round_ms))[:len(timed[0].round_ms)]):
+                for position, i in enumerate(order):
+                    row = timed[i]
+                    if before is not None:
+                        key = (_short(row.impl, headline), ("first: " if position == 0 else "") + before)
+                        pooled.setdefault(key, []).append(row.round_ms[r] / statistics.median(row.round_ms))
+                    before = _short(row.impl, headline) + (" call" if row.call_ms is not None else "")
+    table = [["implementation", "slot before it", "round / median", "slots"]]
+    for (impl, before), values in sorted(pooled.items()):
+        table.append([impl, before, f"{statistics.mean(values):.3f}", str(len(values))])
+    return table
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("path", type=pathlib.Path, metavar="FILE")
+    parser.add_argument("paths", type=pathlib.Path, nargs="+", metavar="FILE")
     parser.add_argument("--peer", default="fa4", help="the implementation flashgen is read against (default: fa4)")
+    parser.add_argument("--after", action="store_true",
+                        help="each slot's time by the slot before it, pooled over the files (see above)")
+    parser.add_argument("--min-ms", type=float, default=0.3, help="--after: rows whose flashgen takes this long")
     args = parser.parse_args(argv)
-    if not args.path.is_file():
-        parser.error(f"no such file: {args.path}")
+    for path in args.paths:
+        if not path.is_file():
+            parser.error(f"no such file: {path}")
+    if len(args.paths) > 1 and not args.after:
+        parser.error("several files are read with --after only")
     try:
-        rows = load_rows(args.path)
+        runs = [load_rows(path) for path in args.paths]
     except (ValueError, KeyError) as e:
         print(f"round_spread.py: {e}", file=sys.stderr)
         return 2
+    if args.after:
+        table = after_table(runs, args.min_ms)
+        if len(table) == 1:
+            print("round_spread.py: no case with two or more timed implementations and their rounds", file=sys.stderr)
+            return 2
+        print(render_text(table))
+        return 0
+    rows = runs[0]
     table = spread_table(rows, args.peer)
     if len(table) == 1:
-        print(f"round_spread.py: no case in {args.path} has both flashgen and {args.peer} timed", file=sys.stderr)
+        print(f"round_spread.py: no case in {args.paths[0]} has both flashgen and {args.peer} timed", file=sys.stderr)
         return 2
     print(render_text(table))
     print("\n" + verdict(rows, args.peer))

@@ -1646,6 +1646,32 @@ def test_a_kernel_timing_that_failed_voids_its_user_calls_partial_rounds():
     assert row.ms == 0.1 and row.call_ms == 0.2 and row.call_error is None
 
 
+def test_round_spread_after_replays_the_rounds_and_names_each_slots_predecessor(tmp_path, capsys):
+    """scripts/round_spread.py --after: two implementations alternate (round_orders(2, 2): cuDNN then flashgen, then
+    flashgen then cuDNN), each with a call slot after its kernel's; a slot's round over its median, by the slot
+    before it. The headline row is not a slot of its own; rows under --min-ms are left out."""
+    spec = importlib.util.spec_from_file_location("round_spread", ROOT / "scripts" / "round_spread.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    case = Case(2, 4096, 16, 256, "bf16")
+    ours = Row("flashgen[48+32]", case, ms=1.1, pv_split=(48, 32), round_ms=(1.0, 1.2), call_ms=1.1)
+    rows = [dataclasses.replace(ours, impl="flashgen"),
+            Row("cudnn", case, ms=2.1, round_ms=(2.0, 2.2), call_ms=2.1), ours,
+            Row("fa4", SEED, ms=0.1, round_ms=(0.1, 0.1)), Row("cudnn", SEED, ms=0.2, round_ms=(0.2, 0.2)),
+            dataclasses.replace(ours, impl="flashgen", case=SEED, ms=0.05)]  # under --min-ms: left out
+    table = script.after_table([rows])
+    assert table[1:] == [["cudnn", "flashgen call", f"{2.2 / 2.1:.3f}", "1"],
+                         ["flashgen", "cudnn call", f"{1.0 / 1.1:.3f}", "1"],
+                         ["flashgen", "first: flashgen call", f"{1.2 / 1.1:.3f}", "1"]]
+    path = tmp_path / "run-fa4.json"
+    path.write_text(json.dumps([r.to_json() for r in rows]))
+    assert script.main([str(path), str(path), "--after"]) == 0
+    assert "first: flashgen call" in capsys.readouterr().out
+    assert script.main([str(path), "--after", "--min-ms", "5"]) == 2
+    with pytest.raises(SystemExit):
+        script.main([str(path), str(path)])  # several files only with --after
+
+
 def test_round_spread_pairs_each_round_of_flashgen_with_the_peers(tmp_path, capsys):
     """scripts/round_spread.py: a row whose median rests on slow rounds shows it in the paired per-round ratios."""
     import importlib.util
