@@ -71,6 +71,7 @@ VARLEN_PEERS = ("flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen")
 VARLEN_ONLY_PEERS = ("cudnn_varlen", "flash_varlen")
 # `--matrix decode`: codegen.decode.attention_with_kvcache against SDPA's backends (bench/decode.py holds its cases).
 DECODE_MATRIX = "decode"
+CALL_ROUNDS = ("shared", "apart")  # BenchConfig.call_rounds, the default first
 DECODE_IMPLS = ("flashgen", "cudnn", "flash", "efficient")
 # `--matrix backward`: the backward pass against SDPA's cuDNN and flash backends (bench/backward.py holds its cases).
 BACKWARD_MATRIX = "backward"
@@ -100,6 +101,9 @@ class BenchConfig:
     command: str
     matrix: str | None = None
     rounds: int = MIN_ROUNDS  # interleaved timing rounds, at the least; --iters are spread over them
+    # Where the user calls are timed (bench.gpu_run.measure_together): "shared", each call slot right after its
+    # kernel's in the kernels' rounds; "apart", rounds of their own after the kernels' (h5, bench/LOG.md).
+    call_rounds: str = "shared"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"interleaved timing rounds, at the least (default {MIN_ROUNDS}, rounded up to whole "
                              "order designs: 6 for two or three implementations). --iters are spread over the "
                              "rounds: raise both together to keep a slot's calls (the defaults time ~17 a slot)")
+    parser.add_argument("--call-rounds", choices=CALL_ROUNDS, default=CALL_ROUNDS[0],
+                        help="where the user calls (call_ms) are timed: shared (default), each in a slot right after "
+                             "its kernel's, in the kernels' rounds; apart, in rounds of their own after the kernels', "
+                             "so no kernel slot follows a call slot (bench/LOG.md h5). Forward and backward rows; "
+                             "the decode matrix times its own way")
     parser.add_argument("--split", action="append", default=[], metavar="96,32",
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
     parser.add_argument("--peers", metavar="LIST",
@@ -172,7 +181,8 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(mode=mode, cases=cases, peers=_peers_from(args, mode, args.matrix),
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
-                       command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix, rounds=args.rounds)
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix, rounds=args.rounds,
+                       call_rounds=args.call_rounds)
 
 
 def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
@@ -186,7 +196,9 @@ def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
                                       ("--head-dim", args.head_dim), ("--kv-heads", args.kv_heads),
                                       ("--dtype", args.dtype), ("--causal", args.causal), ("--split", args.split),
                                       ("--peers", None if takes_peers else args.peers),
-                                      ("--all-peers", args.all_peers))
+                                      ("--all-peers", args.all_peers),
+                                      ("--call-rounds", args.call_rounds if matrix == DECODE_MATRIX
+                                       and args.call_rounds != CALL_ROUNDS[0] else None))
              if value not in (None, False, [])]
     if given:
         raise BenchUsageError(f"--matrix {matrix} runs its own cases ({what}) with {', '.join(impls)}; "
@@ -201,7 +213,8 @@ def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
         peers = tuple(n for n in impls if n in {*names, "cudnn"})
     return BenchConfig(mode=matrix, cases=(), peers=peers, splits=(), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
-                       command=" ".join(["gen.py", "bench", *argv]), matrix=matrix, rounds=args.rounds)
+                       command=" ".join(["gen.py", "bench", *argv]), matrix=matrix, rounds=args.rounds,
+                       call_rounds=args.call_rounds)
 
 
 def _varlen_cases(args) -> tuple[Case, ...]:

@@ -205,6 +205,18 @@ def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: flo
         timing.error = f"{type(e).__name__}: {e}"
 
 
+def _time_slot(torch, timing: _Timing, user_call: bool, r: int, rounds: int, config: BenchConfig,
+               sleep_s: float = 0.0) -> None:
+    """Round r's slot of one implementation: its kernel (behind the round's GPU sleep) or its user call; skipped
+    once that timing has failed (a failed kernel voids its calls)."""
+    warmup = config.warmup if r == 0 else ROUND_WARMUP
+    iters = round_iters(timing.iters, rounds, r)
+    if user_call and timing.error is None and timing.call_error is None:
+        _time_call_round(torch, timing, warmup=warmup, iters=iters)
+    elif not user_call and timing.error is None:
+        _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s)
+
+
 def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None:
     """One round of the user's call: as many calls as the kernel's round, by time_call_samples."""
     try:
@@ -248,7 +260,8 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     timed in interleaved rounds (in round_orders' orders), and each row's time is the median of its
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
-    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds; so has the
+    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds (config.
+    call_rounds "apart": in rounds of the calls' own after the kernels'); so has the
     yardstick's call (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
     raises _ContextLost carrying the rows."""
     with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
@@ -256,23 +269,24 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     for peer, split in entries:
         slots.append(_prepare(torch, peer, split, case, inputs, config, with_call=with_calls))
         _raise_on_fault(torch, check_fault, slots, case, peer.name)
-    # Each implementation's slots: its kernel, followed by its user call where it has one.
     timings = [s for s in slots if isinstance(s, _Timing)]
+    apart = config.call_rounds == "apart"
     orders = round_orders(len(timings), config.rounds)
     for r, order in enumerate(orders):
         sleep_s = round_sleep_s(timings, len(orders), r)
+        # shared: each implementation's slots are its kernel's, then its user call's where it has one.
         timed = [(timings[i], user_call) for i in order
-                 for user_call in ((False, True) if timings[i].next_user_call else (False,))]
+                 for user_call in ((False, True) if timings[i].next_user_call and not apart else (False,))]
         for timing, user_call in timed:
-            warmup = config.warmup if r == 0 else ROUND_WARMUP
-            iters = round_iters(timing.iters, len(orders), r)
-            if user_call and timing.error is None and timing.call_error is None:
-                _time_call_round(torch, timing, warmup=warmup, iters=iters)
-            elif not user_call and timing.error is None:
-                _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s)
-            else:
-                continue
+            _time_slot(torch, timing, user_call, r, len(orders), config, sleep_s)
             _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))
+    if apart:  # the calls' rounds, after the kernels': no kernel slot follows a call slot
+        callers = [t for t in timings if t.next_user_call]
+        call_orders = round_orders(len(callers), config.rounds) if callers else []
+        for r, order in enumerate(call_orders):
+            for i in order:
+                _time_slot(torch, callers[i], True, r, len(call_orders), config)
+                _raise_on_fault(torch, check_fault, slots, case, callers[i].peer.name + " (call)")
     return [s.row(case) if isinstance(s, _Timing) else s for s in slots]
 
 

@@ -14,7 +14,8 @@ counts the cases under 1.0x round by round (scripts/gpu_check.py puts it in its 
 
 reads what each slot followed instead: the rounds are replayed in the benchmark's orders (bench.gpu_run.round_orders
 over a case's timed implementations, the file's rows but the headline `flashgen`, in order; a row with a `call_ms`
-had its call slot right after its kernel slot), and each kernel slot's round median over its implementation's median
+had its call slot right after its kernel slot, unless the file's command asked for `--call-rounds apart`), and each
+kernel slot's round median over its implementation's median
 is averaged by the slot just before it ("first:" where that slot ended the round before). Pooled over the files'
 rows of at least --min-ms.
 """
@@ -22,6 +23,7 @@ rows of at least --min-ms.
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import statistics
 import sys
@@ -82,11 +84,21 @@ def _short(impl: str, headline: Row) -> str:
     return "flashgen[other]" if impl.startswith("flashgen[") else impl
 
 
-def after_table(runs: list[list[Row]], min_ms: float = 0.3) -> list[list[str]]:
+def calls_apart(path: pathlib.Path) -> bool:
+    """Whether the run's user calls had rounds of their own (`gen.py bench --call-rounds apart`, its command)."""
+    data = json.loads(path.read_text())
+    rows = data.get("rows", []) if isinstance(data, dict) else data
+    command = (rows[0].get("command") or "") if rows and isinstance(rows[0], dict) else ""
+    words = command.split()
+    return "--call-rounds=apart" in words or any(a == "--call-rounds" and b == "apart" for a, b in zip(words, words[1:]))
+
+
+def after_table(runs: list[tuple[list[Row], bool]], min_ms: float = 0.3) -> list[list[str]]:
     """Each kernel slot's round median / its implementation's median, averaged by (implementation, the slot before
-    it), over the runs' cases whose headline flashgen row takes at least min_ms."""
+    it), over the runs' cases whose headline flashgen row takes at least min_ms; each run is (its rows, whether its
+    calls had rounds of their own, so that no call slot stood between kernel slots)."""
     pooled: dict[tuple[str, str], list[float]] = {}
-    for rows in runs:
+    for rows, apart in runs:
         by_case: dict[str, list[Row]] = {}
         for row in rows:
             by_case.setdefault(row.case.label, []).append(row)
@@ -102,7 +114,7 @@ def after_table(runs: list[list[Row]], min_ms: float = 0.3) -> list[list[str]]:
                     if before is not None:
                         key = (_short(row.impl, headline), ("first: " if position == 0 else "") + before)
                         pooled.setdefault(key, []).append(row.round_ms[r] / statistics.median(row.round_ms))
-                    before = _short(row.impl, headline) + (" call" if row.call_ms is not None else "")
+                    before = _short(row.impl, headline) + (" call" if row.call_ms is not None and not apart else "")
     table = [["implementation", "slot before it", "round / median", "slots"]]
     for (impl, before), values in sorted(pooled.items()):
         table.append([impl, before, f"{statistics.mean(values):.3f}", str(len(values))])
@@ -128,7 +140,7 @@ def main(argv: list[str]) -> int:
         print(f"round_spread.py: {e}", file=sys.stderr)
         return 2
     if args.after:
-        table = after_table(runs, args.min_ms)
+        table = after_table([(rows, calls_apart(path)) for rows, path in zip(runs, args.paths)], args.min_ms)
         if len(table) == 1:
             print("round_spread.py: no case with two or more timed implementations and their rounds", file=sys.stderr)
             return 2

@@ -772,6 +772,24 @@ def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch
     assert gpu.log.count("attention") == 1 + 50 + 3 + 5 * 2 + 6
 
 
+def test_call_rounds_apart_times_the_calls_after_the_kernels(monkeypatch):
+    """--call-rounds apart (h5): six rounds of the kernels (round_orders: cuDNN first, then ours first, ...; a round's
+    second slot and the next round's first are one block), then six of the calls alike; the same numbers."""
+    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060),
+                         config_args=("--iters", "50", "--warmup", "3", "--call-rounds", "apart"))
+    blocks = [name for name, _ in itertools.groupby(gpu.log)]
+    checks = ["cudnn", "cudnn call", "kernel", "attention"]
+    assert blocks == checks + ["cudnn", "kernel"] * 3 + ["cudnn"] + ["cudnn call", "attention"] * 3 + ["cudnn call"]
+    best, cudnn = by["flashgen"], by["cudnn"]
+    assert best.ms == pytest.approx(0.060) and best.call_ms == pytest.approx(0.100) and best.iters == 50
+    assert cudnn.ms == pytest.approx(0.080) and cudnn.call_ms == pytest.approx(0.080)
+    assert gpu.log.count("attention") == 1 + 50 + 3 + 5 * 2 + 6  # as with shared rounds
+    assert parse_config(["--shape", "1,1024,64,128"]).call_rounds == "shared"
+    with pytest.raises(BenchUsageError, match="drop --call-rounds"):
+        parse_config(["--matrix", "decode", "--call-rounds", "apart"])
+    assert parse_config(["--matrix", "backward", "--call-rounds", "apart"]).call_rounds == "apart"
+
+
 @pytest.mark.parametrize("kind, why", [
     ("wrong", "wrong output: rel err 5.00e-01, the kernel's 2.00e-03"),
     ("nan", "output holds NaN or inf"),
@@ -1659,14 +1677,21 @@ def test_round_spread_after_replays_the_rounds_and_names_each_slots_predecessor(
             Row("cudnn", case, ms=2.1, round_ms=(2.0, 2.2), call_ms=2.1), ours,
             Row("fa4", SEED, ms=0.1, round_ms=(0.1, 0.1)), Row("cudnn", SEED, ms=0.2, round_ms=(0.2, 0.2)),
             dataclasses.replace(ours, impl="flashgen", case=SEED, ms=0.05)]  # under --min-ms: left out
-    table = script.after_table([rows])
+    table = script.after_table([(rows, False)])
     assert table[1:] == [["cudnn", "flashgen call", f"{2.2 / 2.1:.3f}", "1"],
                          ["flashgen", "cudnn call", f"{1.0 / 1.1:.3f}", "1"],
                          ["flashgen", "first: flashgen call", f"{1.2 / 1.1:.3f}", "1"]]
+    # With --call-rounds apart the calls ran after the kernels: a kernel slot follows a kernel slot.
+    assert [line[1] for line in script.after_table([(rows, True)])[1:]] == ["flashgen", "cudnn", "first: flashgen"]
     path = tmp_path / "run-fa4.json"
-    path.write_text(json.dumps([r.to_json() for r in rows]))
-    assert script.main([str(path), str(path), "--after"]) == 0
-    assert "first: flashgen call" in capsys.readouterr().out
+    path.write_text(json.dumps([{**r.to_json(), "command": "gen.py bench --matrix fa4"} for r in rows]))
+    apart = tmp_path / "apart-fa4.json"
+    apart.write_text(json.dumps([{**r.to_json(), "command": "gen.py bench --call-rounds apart"} for r in rows]))
+    assert not script.calls_apart(path) and script.calls_apart(apart)
+    assert script.main([str(path), str(apart), "--after"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^flashgen\s+first: flashgen call\s", out, re.M)  # the shared file's
+    assert re.search(r"^flashgen\s+first: flashgen\s+1\.", out, re.M)  # the apart file's
     assert script.main([str(path), "--after", "--min-ms", "5"]) == 2
     with pytest.raises(SystemExit):
         script.main([str(path), str(path)])  # several files only with --after
