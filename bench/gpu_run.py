@@ -260,9 +260,9 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     timed in interleaved rounds (in round_orders' orders), and each row's time is the median of its
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
-    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds (config.
-    call_rounds "apart": in rounds of the calls' own after the kernels'); so has the
-    yardstick's call (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
+    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds (with
+    config.call_rounds "apart": in rounds of the calls' own after the kernels'); so has the yardstick's call
+    (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
     raises _ContextLost carrying the rows."""
     with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
     slots: list[_Timing | Row] = []

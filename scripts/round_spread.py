@@ -15,9 +15,8 @@ counts the cases under 1.0x round by round (scripts/gpu_check.py puts it in its 
 reads what each slot followed instead: the rounds are replayed in the benchmark's orders (bench.gpu_run.round_orders
 over a case's timed implementations, the file's rows but the headline `flashgen`, in order; a row with a `call_ms`
 had its call slot right after its kernel slot, unless the file's command asked for `--call-rounds apart`), and each
-kernel slot's round median over its implementation's median
-is averaged by the slot just before it ("first:" where that slot ended the round before). Pooled over the files'
-rows of at least --min-ms.
+kernel slot's round median over its implementation's median is averaged by the slot just before it ("first:" where
+that slot ended the round before). Pooled over the files' rows of at least --min-ms.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench.gpu_run import round_orders
-from bench.report import Row, load_rows, render_text
+from bench.report import Row, load_rows, render_text, split_impl
 
 HEADER = ["case", "flashgen rounds ms", "peer rounds ms", "flashgen / peer", "per round: median (range)"]
 
@@ -79,7 +78,7 @@ def verdict(rows: list[Row], peer: str) -> str:
 
 def _short(impl: str, headline: Row) -> str:
     """flashgen's headline split as `flashgen`, its other splits as `flashgen[other]`, the peers by name."""
-    if impl == f"flashgen[{'+'.join(map(str, headline.pv_split or ()))}]":
+    if headline.pv_split and impl == split_impl(headline.pv_split):
         return "flashgen"
     return "flashgen[other]" if impl.startswith("flashgen[") else impl
 
