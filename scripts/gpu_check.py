@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from bench.config import DEFAULT_ITERS, MIN_ROUNDS  # noqa: E402
+from bench.config import CALL_ROUNDS, DECODE_MATRIX, DEFAULT_ITERS, MIN_ROUNDS  # noqa: E402
 from bench.report import COMMIT_ENV, ROOT, git_commit, working_tree  # noqa: E402
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
@@ -51,6 +51,14 @@ def timing_args(rounds: int) -> list[str]:
     if rounds == MIN_ROUNDS:
         return []
     return ["--rounds", str(rounds), "--iters", str(DEFAULT_ITERS * rounds // MIN_ROUNDS)]
+
+
+def call_rounds_args(matrix: str, call_rounds: str) -> list[str]:
+    """gen.py bench's --call-rounds for one matrix: said only where it differs from the bench's default, and never to
+    the decode matrix (its calls are its kernels' slots; gen.py bench refuses the option there)."""
+    if call_rounds == CALL_ROUNDS[0] or matrix == DECODE_MATRIX:
+        return []
+    return ["--call-rounds", call_rounds]
 
 
 def bench_timeout(seconds: int, rounds: int) -> int:
@@ -81,14 +89,15 @@ def run(cmd: list[str], log: pathlib.Path, timeout: int) -> tuple[int, str, floa
     return rc, text, time.time() - t0
 
 
-def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path,
-                    rounds: int = MIN_ROUNDS) -> tuple[str, str, str, float]:
+def default_repeats(runs: int, results: pathlib.Path, out: pathlib.Path, rounds: int = MIN_ROUNDS,
+                    call_rounds: str = CALL_ROUNDS[0]) -> tuple[str, str, str, float]:
     """Runs 2..runs of the default matrix (flashgen and cuDNN only) beside the first, then issue 4's targets over
     all of them: one run's ratios move by a few percent, and the bf16 target sits inside that spread."""
     t0, failed = time.time(), []
     for i in range(2, runs + 1):
         rc, _, _ = run([sys.executable, "gen.py", "bench", "--matrix", "default", "--peers", "flashgen,cudnn",
-                        *timing_args(rounds), "--out", str(results)], out / f"bench-default-{i}.log",
+                        *timing_args(rounds), *call_rounds_args("default", call_rounds), "--out", str(results)],
+                       out / f"bench-default-{i}.log",
                        timeout=bench_timeout(240, rounds))
         if rc != 0:
             failed.append(i)
@@ -209,6 +218,9 @@ def main() -> int:
                         help=f"each matrix's timing rounds (gen.py bench --rounds; default {MIN_ROUNDS}), with "
                              f"--iters raised alike ({DEFAULT_ITERS // MIN_ROUNDS} a round) so a slot keeps its "
                              "calls: more rounds steady a row's median against the clock moving between slots")
+    parser.add_argument("--call-rounds", choices=CALL_ROUNDS, default=CALL_ROUNDS[0],
+                        help="gen.py bench --call-rounds for every matrix but decode: 'apart' times the user calls "
+                             f"in rounds of their own after the kernels' (default {CALL_ROUNDS[0]})")
     parser.add_argument("--workers", type=int, default=None,
                         help="pytest-xdist workers (compiles run in parallel; default: one per WORKER_GIB of the GPU's "
                              f"memory, at most {MAX_WORKERS})")
@@ -331,14 +343,15 @@ def main() -> int:
             results = out / "results" / matrix
             peers = matrix_peers(matrix, args.bench_peers)
             rc, text, secs = run([sys.executable, "gen.py", "bench", "--matrix", matrix, *peers,
-                                  *timing_args(args.rounds), "--out", str(results)],
+                                  *timing_args(args.rounds), *call_rounds_args(matrix, args.call_rounds),
+                                  "--out", str(results)],
                                  out / f"bench-{matrix}.log", timeout=bench_timeout(480, args.rounds))
             geomean = next((line.split(None, 1)[1][:100] for line in reversed(text.splitlines())
                             if line.startswith("geomean")), "(no geomean)")
             summary.append((f"bench {matrix}", "OK" if rc == 0 else f"FAIL rc={rc}", f"geomean {geomean}", secs))
             print("\n".join(text.splitlines()[-14:]), flush=True)
             if matrix == "default" and rc == 0:
-                summary.append(default_repeats(args.default_runs, results, out, args.rounds))
+                summary.append(default_repeats(args.default_runs, results, out, args.rounds, args.call_rounds))
             if matrix == "fa4" and rc == 0:
                 summary.append(round_spread_step(results, out))
 

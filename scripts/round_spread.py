@@ -17,6 +17,11 @@ over a case's timed implementations, the file's rows but the headline `flashgen`
 had its call slot right after its kernel slot, unless the file's command asked for `--call-rounds apart`), and each
 kernel slot's round median over its implementation's median is averaged by the slot just before it ("first:" where
 that slot ended the round before). Pooled over the files' rows of at least --min-ms.
+
+    python3 scripts/round_spread.py FILE [FILE ...] --by-impl
+
+how far each implementation's rounds scatter: per kernel row of at least --min-ms, the rounds' standard deviation
+and range over their median, averaged by implementation over the files (two harnesses compare by their files).
 """
 
 from __future__ import annotations
@@ -121,19 +126,41 @@ def after_table(runs: list[tuple[list[Row], bool]], min_ms: float = 0.3) -> list
     return table
 
 
+def impl_spread(runs: list[list[Row]], min_ms: float = 0.3) -> dict[str, tuple[int, float, float]]:
+    """Per implementation (flashgen's headline split as `flashgen`): (rows, mean round stdev / median, mean round
+    range / median) over the runs' kernel rows with two or more rounds, in cases whose headline takes min_ms."""
+    pooled: dict[str, list[tuple[float, float]]] = {}
+    for rows in runs:
+        headlines = {r.case.label: r for r in rows if r.impl == "flashgen" and r.ok}
+        for row in rows:
+            headline = headlines.get(row.case.label)
+            if row.impl == "flashgen" or headline is None or headline.ms < min_ms or len(row.round_ms or ()) < 2:
+                continue
+            mid = statistics.median(row.round_ms)
+            pooled.setdefault(_short(row.impl, headline), []).append(
+                (statistics.stdev(row.round_ms) / mid, (max(row.round_ms) - min(row.round_ms)) / mid))
+    return {impl: (len(v), statistics.mean(sd for sd, _ in v), statistics.mean(rg for _, rg in v))
+            for impl, v in sorted(pooled.items())}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", type=pathlib.Path, nargs="+", metavar="FILE")
     parser.add_argument("--peer", default="fa4", help="the implementation flashgen is read against (default: fa4)")
     parser.add_argument("--after", action="store_true",
                         help="each slot's time by the slot before it, pooled over the files (see above)")
-    parser.add_argument("--min-ms", type=float, default=0.3, help="--after: rows whose flashgen takes this long")
+    parser.add_argument("--by-impl", action="store_true",
+                        help="each implementation's round spread, pooled over the files (see above)")
+    parser.add_argument("--min-ms", type=float, default=0.3,
+                        help="--after and --by-impl: rows whose flashgen takes this long")
     args = parser.parse_args(argv)
     for path in args.paths:
         if not path.is_file():
             parser.error(f"no such file: {path}")
-    if len(args.paths) > 1 and not args.after:
-        parser.error("several files are read with --after only")
+    if args.after and args.by_impl:
+        parser.error("--after and --by-impl are two readings: ask for one")
+    if len(args.paths) > 1 and not (args.after or args.by_impl):
+        parser.error("several files are read with --after or --by-impl only")
     try:
         runs = [load_rows(path) for path in args.paths]
     except (ValueError, KeyError) as e:
@@ -145,6 +172,14 @@ def main(argv: list[str]) -> int:
             print("round_spread.py: no case with two or more timed implementations and their rounds", file=sys.stderr)
             return 2
         print(render_text(table))
+        return 0
+    if args.by_impl:
+        spread = impl_spread(runs, args.min_ms)
+        if not spread:
+            print("round_spread.py: no kernel row with two or more rounds", file=sys.stderr)
+            return 2
+        print(render_text([["implementation", "rows", "round stdev / median", "round range / median"]] +
+                          [[impl, str(n), f"{sd:.4f}", f"{rg:.4f}"] for impl, (n, sd, rg) in spread.items()]))
         return 0
     rows = runs[0]
     table = spread_table(rows, args.peer)

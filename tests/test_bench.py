@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import types
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ from bench.cases import (BenchUsageError, Case, MATRICES, VARLEN_16K, VARLEN_4K,
     parse_varlen, ragged_lengths, varlen_case)
 from bench.cli import bench_main
 from bench.compile_timing import compile_specs, fresh_cache_dir
-from bench.config import ALL_PEERS, MATRIX_PEERS, parse_config
+from bench.config import ALL_PEERS, CALL_ROUNDS, MATRIX_PEERS, parse_config
 from bench.gpu_run import iterations_within, measure, measure_together, round_orders, run_gpu, snr_db_from
 from bench.inputs import (Inputs, MAX_INPUT_SETS, cu_seqlens_of, input_set_count, key_padding_bias, make_varlen_inputs,
     pad_packed, padded_rows, unpad, varlen_reference)
@@ -726,6 +727,11 @@ def test_gpu_check_rounds_keep_the_default_runs_calls_a_round():
     assert gpu_check.timing_args(12) == ["--rounds", "12", "--iters", "240"]
     assert gpu_check.timing_args(7) == ["--rounds", "7", "--iters", "140"]
     assert [gpu_check.bench_timeout(480, r) for r in (1, 5, 6, 10, 12)] == [480, 480, 960, 960, 1440]
+    # --call-rounds reaches every matrix's gen.py bench but decode's, and is said only where it is not the default.
+    assert gpu_check.call_rounds_args("fa4", "apart") == ["--call-rounds", "apart"]
+    assert gpu_check.call_rounds_args("default", "apart") == ["--call-rounds", "apart"]
+    assert gpu_check.call_rounds_args("decode", "apart") == []
+    assert gpu_check.call_rounds_args("fa4", CALL_ROUNDS[0]) == []
 
 
 def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
@@ -1695,6 +1701,38 @@ def test_round_spread_after_replays_the_rounds_and_names_each_slots_predecessor(
     assert script.main([str(path), "--after", "--min-ms", "5"]) == 2
     with pytest.raises(SystemExit):
         script.main([str(path), str(path)])  # several files only with --after
+
+
+def test_round_spread_by_impl_averages_each_implementations_round_scatter(tmp_path, capsys):
+    """scripts/round_spread.py --by-impl: per implementation, each kernel row's round stdev and range over its
+    median, averaged over the files' rows; the headline row is not counted twice, short cases are left out."""
+    spec = importlib.util.spec_from_file_location("round_spread", ROOT / "scripts" / "round_spread.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    case = Case(2, 4096, 16, 256, "bf16")
+    ours = Row("flashgen[48+32]", case, ms=1.0, pv_split=(48, 32), round_ms=(0.9, 1.0, 1.3))
+    rows = [dataclasses.replace(ours, impl="flashgen"), ours,
+            Row("flashgen[64+16]", case, ms=1.2, round_ms=(1.2, 1.2, 1.2)),
+            Row("fa4", case, ms=2.0, round_ms=(2.0, 2.0, 2.4)),
+            Row("fa4", SEED, ms=0.1, round_ms=(0.1, 0.2, 0.3)),  # its case's flashgen under --min-ms: left out
+            dataclasses.replace(ours, impl="flashgen", case=SEED, ms=0.05)]
+    other = [Row("fa4", case, ms=2.0, round_ms=(2.0, 2.0, 2.0)), dataclasses.replace(ours, impl="flashgen")]
+    spread = script.impl_spread([rows, other])
+    assert set(spread) == {"flashgen", "flashgen[other]", "fa4"}
+    n, sd, rg = spread["flashgen"]
+    assert n == 1 and sd == pytest.approx(statistics.stdev((0.9, 1.0, 1.3))) and rg == pytest.approx(0.4)
+    assert spread["flashgen[other]"] == (1, 0.0, 0.0)
+    n, sd, rg = spread["fa4"]  # one scattered row, one steady one (the second file's)
+    assert n == 2 and rg == pytest.approx(0.2 / 2) and sd == pytest.approx(statistics.stdev((2.0, 2.0, 2.4)) / 4)
+    assert script.impl_spread([rows], min_ms=5) == {}
+    a, b = tmp_path / "a-fa4.json", tmp_path / "b-fa4.json"
+    a.write_text(json.dumps([r.to_json() for r in rows]))
+    b.write_text(json.dumps([r.to_json() for r in other]))
+    assert script.main([str(a), str(b), "--by-impl"]) == 0
+    assert re.search(r"^fa4\s+2\s+0\.\d{4}\s+0\.1000$", capsys.readouterr().out, re.M)
+    assert script.main([str(a), "--by-impl", "--min-ms", "5"]) == 2
+    with pytest.raises(SystemExit):
+        script.main([str(a), "--by-impl", "--after"])
 
 
 def test_round_spread_pairs_each_round_of_flashgen_with_the_peers(tmp_path, capsys):
