@@ -71,7 +71,10 @@ VARLEN_PEERS = ("flashgen", "cudnn", "flex", "cudnn_varlen", "flash_varlen")
 VARLEN_ONLY_PEERS = ("cudnn_varlen", "flash_varlen")
 # `--matrix decode`: codegen.decode.attention_with_kvcache against SDPA's backends (bench/decode.py holds its cases).
 DECODE_MATRIX = "decode"
-CALL_ROUNDS = ("shared", "apart")  # BenchConfig.call_rounds, the default first
+# BenchConfig.call_rounds, the default first (h5, bench/LOG.md: the calls' own rounds halve the kernels' round spread);
+# the decode matrix times each call in the slot after its kernel's, always (DECODE_CALL_ROUNDS).
+CALL_ROUNDS = ("apart", "shared")
+DECODE_CALL_ROUNDS = "shared"
 DECODE_IMPLS = ("flashgen", "cudnn", "flash", "efficient")
 # `--matrix backward`: the backward pass against SDPA's cuDNN and flash backends (bench/backward.py holds its cases).
 BACKWARD_MATRIX = "backward"
@@ -101,9 +104,9 @@ class BenchConfig:
     command: str
     matrix: str | None = None
     rounds: int = MIN_ROUNDS  # interleaved timing rounds, at the least; --iters are spread over them
-    # Where the user calls are timed (bench.gpu_run.measure_together): "shared", each call slot right after its
-    # kernel's in the kernels' rounds; "apart", rounds of their own after the kernels' (h5, bench/LOG.md).
-    call_rounds: str = "shared"
+    # Where the user calls are timed (bench.gpu_run.measure_together): "apart", rounds of their own after the
+    # kernels' (h5, bench/LOG.md); "shared", each call slot right after its kernel's in the kernels' rounds.
+    call_rounds: str = CALL_ROUNDS[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,10 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"interleaved timing rounds, at the least (default {MIN_ROUNDS}, rounded up to whole "
                              "order designs: 6 for two or three implementations). --iters are spread over the "
                              "rounds: raise both together to keep a slot's calls (the defaults time ~17 a slot)")
-    parser.add_argument("--call-rounds", choices=CALL_ROUNDS, default=CALL_ROUNDS[0],
-                        help="where the user calls (call_ms) are timed: shared (default), each in a slot right after "
-                             "its kernel's, in the kernels' rounds; apart, in rounds of their own after the kernels', "
-                             "so no kernel slot follows a call slot (bench/LOG.md h5). Forward and backward rows; "
+    parser.add_argument("--call-rounds", choices=CALL_ROUNDS,
+                        help="where the user calls (call_ms) are timed: apart (default), in rounds of their own after "
+                             "the kernels', so no kernel slot follows a call slot (bench/LOG.md h5); shared, each in "
+                             "a slot right after its kernel's, in the kernels' rounds. Forward and backward rows; "
                              "the decode matrix times its own way")
     parser.add_argument("--split", action="append", default=[], metavar="96,32",
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
@@ -182,7 +185,7 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
                        splits=tuple(_parse_split(s) for s in args.split), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
                        command=" ".join(["gen.py", "bench", *argv]), matrix=args.matrix, rounds=args.rounds,
-                       call_rounds=args.call_rounds)
+                       call_rounds=args.call_rounds or CALL_ROUNDS[0])
 
 
 def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
@@ -197,8 +200,7 @@ def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
                                       ("--dtype", args.dtype), ("--causal", args.causal), ("--split", args.split),
                                       ("--peers", None if takes_peers else args.peers),
                                       ("--all-peers", args.all_peers),
-                                      ("--call-rounds", args.call_rounds if matrix == DECODE_MATRIX
-                                       and args.call_rounds != CALL_ROUNDS[0] else None))
+                                      ("--call-rounds", args.call_rounds if matrix == DECODE_MATRIX else None))
              if value not in (None, False, [])]
     if given:
         raise BenchUsageError(f"--matrix {matrix} runs its own cases ({what}) with {', '.join(impls)}; "
@@ -214,7 +216,8 @@ def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(mode=matrix, cases=(), peers=peers, splits=(), iters=args.iters, warmup=args.warmup,
                        seed=args.seed, out=None if args.no_save else args.out,
                        command=" ".join(["gen.py", "bench", *argv]), matrix=matrix, rounds=args.rounds,
-                       call_rounds=args.call_rounds)
+                       call_rounds=(DECODE_CALL_ROUNDS if matrix == DECODE_MATRIX
+                                    else args.call_rounds or CALL_ROUNDS[0]))
 
 
 def _varlen_cases(args) -> tuple[Case, ...]:

@@ -377,8 +377,8 @@ def run_meta(torch, config: BenchConfig, matrix: str | None, **extra) -> dict:
     """What a GPU run records: the GPU and host facts, the command, the timing settings, and `extra`."""
     now = _dt.datetime.now(_dt.timezone.utc)
     return {**gpu_meta(torch), **host_meta(config.command, now), "iters": config.iters, "warmup": config.warmup,
-            "timing_rounds": f"{config.rounds} or more, in round_orders' orders", "seed": config.seed, "matrix": matrix,
-            **extra}
+            "timing_rounds": f"{config.rounds} or more, in round_orders' orders", "call_rounds": config.call_rounds,
+            "seed": config.seed, "matrix": matrix, **extra}
 
 
 def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> BenchResult:

@@ -309,7 +309,7 @@ def render_markdown(table: Sequence[Sequence[str]]) -> str:
 
 # The run facts repeated in every JSON row, so each row stands alone; the Markdown file lists them all.
 RUN_KEYS = ("gpu", "driver_version", "torch", "cudnn", "triton", "date_utc", "flashgen_commit", "flashgen_tree",
-            "flashgen_source_sha256", "command")
+            "flashgen_source_sha256", "command", "call_rounds")
 
 
 @dataclass(frozen=True)

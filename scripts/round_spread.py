@@ -14,7 +14,7 @@ counts the cases under 1.0x round by round (scripts/gpu_check.py puts it in its 
 
 reads what each slot followed instead: the rounds are replayed in the benchmark's orders (bench.gpu_run.round_orders
 over a case's timed implementations, the file's rows but the headline `flashgen`, in order; a row with a `call_ms`
-had its call slot right after its kernel slot, unless the file's command asked for `--call-rounds apart`), and each
+had its call slot right after its kernel slot, unless the file's `call_rounds` (or its command) says `apart`), and each
 kernel slot's round median over its implementation's median is averaged by the slot just before it ("first:" where
 that slot ended the round before). Pooled over the files' rows of at least --min-ms.
 
@@ -90,10 +90,14 @@ def _short(impl: str, headline: Row) -> str:
 
 
 def calls_apart(path: pathlib.Path) -> bool:
-    """Whether the run's user calls had rounds of their own (`gen.py bench --call-rounds apart`, its command)."""
+    """Whether the run's user calls had rounds of their own: its rows' `call_rounds`, or in files from before that
+    field (when `shared` was the only default) whether its command asked for `--call-rounds apart`."""
     data = json.loads(path.read_text())
     rows = data.get("rows", []) if isinstance(data, dict) else data
-    command = (rows[0].get("command") or "") if rows and isinstance(rows[0], dict) else ""
+    first = rows[0] if rows and isinstance(rows[0], dict) else {}
+    if first.get("call_rounds"):
+        return first["call_rounds"] == "apart"
+    command = first.get("command") or ""
     words = command.split()[2:] if command.startswith("gen.py bench") else []
     return build_parser().parse_known_args(words)[0].call_rounds == "apart"  # the bench's own reading of it
 

@@ -728,10 +728,10 @@ def test_gpu_check_rounds_keep_the_default_runs_calls_a_round():
     assert gpu_check.timing_args(7) == ["--rounds", "7", "--iters", "140"]
     assert [gpu_check.bench_timeout(480, r) for r in (1, 5, 6, 10, 12)] == [480, 480, 960, 960, 1440]
     # --call-rounds reaches every matrix's gen.py bench but decode's, and is said only where it is not the default.
-    assert gpu_check.call_rounds_args("fa4", "apart") == ["--call-rounds", "apart"]
-    assert gpu_check.call_rounds_args("default", "apart") == ["--call-rounds", "apart"]
-    assert gpu_check.call_rounds_args("decode", "apart") == []
-    assert gpu_check.call_rounds_args("fa4", CALL_ROUNDS[0]) == []
+    assert gpu_check.call_rounds_args("fa4", "shared") == ["--call-rounds", "shared"]
+    assert gpu_check.call_rounds_args("default", "shared") == ["--call-rounds", "shared"]
+    assert gpu_check.call_rounds_args("decode", "shared") == []
+    assert CALL_ROUNDS[0] == "apart" and gpu_check.call_rounds_args("fa4", "apart") == []
 
 
 def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
@@ -751,7 +751,8 @@ def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
 
 
 def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch):
-    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060))
+    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060),
+                         config_args=("--iters", "50", "--warmup", "3", "--call-rounds", "shared"))
     best, cudnn = by["flashgen"], by["cudnn"]
     assert best.pv_split == (96, 32) and best.ok and best.call_ok
     assert best.ms == pytest.approx(0.060)  # the kernel through prepare(): GPU time
@@ -768,8 +769,8 @@ def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch
     assert Row.from_json(d).call_host_ms == best.call_host_ms
     assert (d["ratio_to_cudnn"], d["call_vs_cudnn"]) == (best.ratio_to_cudnn, best.call_vs_cudnn)
     assert d["call_rel_err"] == 2.0e-3 and d["call_error"] is None
-    # Each call has its own slot right after its kernel's, in the same interleaved rounds (round_orders: cuDNN
-    # first, then ours first, ...): the first block of four is the checks, then six rounds.
+    # --call-rounds shared: each call has its own slot right after its kernel's, in the same interleaved rounds
+    # (round_orders: cuDNN first, then ours first, ...): the first block of four is the checks, then six rounds.
     blocks = [name for name, _ in itertools.groupby(gpu.log)]
     cudnn_first = ["cudnn", "cudnn call", "kernel", "attention"]
     ours_first = ["kernel", "attention", "cudnn", "cudnn call"]
@@ -779,10 +780,10 @@ def test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios(monkeypatch
 
 
 def test_call_rounds_apart_times_the_calls_after_the_kernels(monkeypatch):
-    """--call-rounds apart (h5): six rounds of the kernels (round_orders: cuDNN first, then ours first, ...; a round's
-    second slot and the next round's first are one block), then six of the calls alike; the same numbers."""
-    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060),
-                         config_args=("--iters", "50", "--warmup", "3", "--call-rounds", "apart"))
+    """--call-rounds apart, the default (h5): six rounds of the kernels (round_orders: cuDNN first, then ours first,
+    ...; a round's second slot and the next round's first are one block), then six of the calls alike; the numbers
+    are shared rounds' (test_a_flashgen_row_has_the_kernel_and_the_call_with_both_ratios)."""
+    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060))
     blocks = [name for name, _ in itertools.groupby(gpu.log)]
     checks = ["cudnn", "cudnn call", "kernel", "attention"]
     assert blocks == checks + ["cudnn", "kernel"] * 3 + ["cudnn"] + ["cudnn call", "attention"] * 3 + ["cudnn call"]
@@ -790,10 +791,15 @@ def test_call_rounds_apart_times_the_calls_after_the_kernels(monkeypatch):
     assert best.ms == pytest.approx(0.060) and best.call_ms == pytest.approx(0.100) and best.iters == 50
     assert cudnn.ms == pytest.approx(0.080) and cudnn.call_ms == pytest.approx(0.080)
     assert gpu.log.count("attention") == 1 + 50 + 3 + 5 * 2 + 6  # as with shared rounds
-    assert parse_config(["--shape", "1,1024,64,128"]).call_rounds == "shared"
-    with pytest.raises(BenchUsageError, match="drop --call-rounds"):
-        parse_config(["--matrix", "decode", "--call-rounds", "apart"])
-    assert parse_config(["--matrix", "backward", "--call-rounds", "apart"]).call_rounds == "apart"
+    assert parse_config(["--shape", "1,1024,64,128"]).call_rounds == "apart"
+    assert parse_config(["--shape", "1,1024,64,128", "--call-rounds", "shared"]).call_rounds == "shared"
+    # The decode matrix times each call right after its kernel, and says so to anyone who asks otherwise.
+    assert parse_config(["--matrix", "decode"]).call_rounds == "shared"
+    for given in ("apart", "shared"):
+        with pytest.raises(BenchUsageError, match="drop --call-rounds"):
+            parse_config(["--matrix", "decode", "--call-rounds", given])
+    assert parse_config(["--matrix", "backward"]).call_rounds == "apart"
+    assert parse_config(["--matrix", "backward", "--call-rounds", "shared"]).call_rounds == "shared"
 
 
 @pytest.mark.parametrize("kind, why", [
@@ -1693,7 +1699,12 @@ def test_round_spread_after_replays_the_rounds_and_names_each_slots_predecessor(
     path.write_text(json.dumps([{**r.to_json(), "command": "gen.py bench --matrix fa4"} for r in rows]))
     apart = tmp_path / "apart-fa4.json"
     apart.write_text(json.dumps([{**r.to_json(), "command": "gen.py bench --call-rounds apart"} for r in rows]))
-    assert not script.calls_apart(path) and script.calls_apart(apart)
+    assert not script.calls_apart(path) and script.calls_apart(apart)  # files from before `call_rounds`: the command
+    for field in ("apart", "shared"):  # files since: the field (the default stopped being shared at h5)
+        recorded = tmp_path / f"{field}-recorded-fa4.json"
+        recorded.write_text(json.dumps([{**r.to_json(), "command": "gen.py bench --matrix fa4", "call_rounds": field}
+                                        for r in rows]))
+        assert script.calls_apart(recorded) == (field == "apart")
     assert script.main([str(path), str(apart), "--after"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^flashgen\s+first: flashgen call\s", out, re.M)  # the shared file's
