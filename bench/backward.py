@@ -496,13 +496,13 @@ def bench_backward_case(torch, case: Case, config: BenchConfig, progress) -> tup
 
 def run_backward(config: BenchConfig, progress=lambda line: print(line, file=sys.stderr, flush=True)):
     """(meta, finalized rows) of the backward matrix."""
-    from .gpu_run import cuda_torch, run_meta
+    from .gpu_run import CALL_ROUNDS_TIMING, cuda_torch, run_meta
 
     torch = cuda_torch()
     meta = run_meta(torch, config, BACKWARD_MATRIX, implementations=",".join(config.peers),
                     call_timing="call_ms: flashgen's o.backward(do) through autograd (cuDNN: its .backward()) on a "
-                                "retained graph, by events between consecutive calls, no GPU sleep ahead; ms and "
-                                "fwd_bwd_ms behind a GPU sleep",
+                                "retained graph, by events between consecutive calls, nothing queued ahead, "
+                                + CALL_ROUNDS_TIMING[config.call_rounds] + "; ms and fwd_bwd_ms behind a GPU sleep",
                     rel_err_check=f"dq, dk, dv of the first {CHECK_BATCHES} batch entry of the first input set, vs "
                                   "float64 codegen.check.reference_backward",
                     flops=f"backward {BACKWARD_FLOPS:g} x 4*B*H*S_q*S_k*D, halved for causal")

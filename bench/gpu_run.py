@@ -207,28 +207,36 @@ def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: flo
 
 def _time_slot(torch, timing: _Timing, user_call: bool, r: int, rounds: int, config: BenchConfig,
                sleep_s: float = 0.0) -> None:
-    """Round r's slot of one implementation: its kernel (behind the round's GPU sleep) or its user call; skipped
-    once that timing has failed (a failed kernel voids its calls)."""
+    """Round r's slot of one implementation: its kernel (behind a GPU sleep of sleep_s) or its user call (after
+    sleep_s of GPU sleep it waits out: nothing queues ahead of the calls); skipped once that timing has failed (a
+    failed kernel voids its calls)."""
     warmup = config.warmup if r == 0 else ROUND_WARMUP
     iters = round_iters(timing.iters, rounds, r)
     if user_call and timing.error is None and timing.call_error is None:
-        _time_call_round(torch, timing, warmup=warmup, iters=iters)
+        _time_call_round(torch, timing, warmup=warmup, iters=iters, idle_s=sleep_s)
     elif not user_call and timing.error is None:
         _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s)
 
 
-def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int) -> None:
+def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int, idle_s: float = 0.0) -> None:
     """One round of the user's call: as many calls as the kernel's round, by time_call_samples."""
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
-            samples, host_ms = time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup, iters=iters)
+            samples, host_ms = time_call_samples(torch, lambda: timing.next_user_call()(), warmup=warmup, iters=iters,
+                                                 idle_s=idle_s)
             timing.call_samples += samples
             timing.call_host_samples.append(host_ms)
     except Exception as e:
         timing.call_error = f"{type(e).__name__}: {e}"
 
 
-def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int,
+# How each --call-rounds places the call slots, for the result files' call_timing.
+CALL_ROUNDS_TIMING = {"apart": "in interleaved rounds of their own after the kernels', each slot after the GPU idle "
+                               "of its round's kernel slots, waited out",
+                      "shared": "each slot right after its kernel's, in the kernels' rounds"}
+
+
+def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: int, idle_s: float = 0.0,
                       clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], float]:
     """Milliseconds per call of fn as a loop of calls sees them, host time included where it shows; and the host's
     own milliseconds a call over the timed loop (`clock`, in seconds), which says whether the samples are host time.
@@ -238,10 +246,16 @@ def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: in
     is queued first: while fn's host time (checks, kernel lookup, tensor maps, launch) is under its GPU time the
     calls queue up and a sample is the GPU time, as the kernel's is; once it is over, the GPU waits for the host
     between calls and a sample is the host's time per call. (The one event recorded per call, a few microseconds
-    of host time, is in every implementation's call alike, and in the host time.)"""
+    of host time, is in every implementation's call alike, and in the host time.) With idle_s, the GPU sleeps that
+    long after the warm-ups and the host waits it out before the timed calls: the idle ahead that a kernel slot
+    gets (its clock under the power cap), with the queue still empty when the calls start."""
     for _ in range(max(1, warmup)):
         fn()
     torch.cuda.synchronize()
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if idle_s > 0 and sleep is not None:
+        sleep(int(idle_s * check.ASSUMED_CLOCK_HZ))
+        torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     fn()  # the queue is empty after the sync: the first event waits behind one call, as every later one does
     events[0].record()
@@ -261,7 +275,8 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
     (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds (with
-    config.call_rounds "apart": in rounds of the calls' own after the kernels'); so has the yardstick's call
+    config.call_rounds "apart": in rounds of the calls' own after the kernels', each slot after the GPU idle its
+    round's kernel slots had); so has the yardstick's call
     (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
     raises _ContextLost carrying the rows."""
     with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
@@ -277,15 +292,16 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
         # shared: each implementation's slots are its kernel's, then its user call's where it has one.
         timed = [(timings[i], user_call) for i in order
                  for user_call in ((False, True) if timings[i].next_user_call and not apart else (False,))]
-        for timing, user_call in timed:
-            _time_slot(torch, timing, user_call, r, len(orders), config, sleep_s)
+        for timing, user_call in timed:  # a shared call slot follows its kernel's at once, as before h5
+            _time_slot(torch, timing, user_call, r, len(orders), config, 0.0 if user_call else sleep_s)
             _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))
     if apart:  # the calls' rounds, after the kernels': no kernel slot follows a call slot
         callers = [t for t in timings if t.next_user_call]
         call_orders = round_orders(len(callers), config.rounds) if callers else []
         for r, order in enumerate(call_orders):
+            idle_s = round_sleep_s(timings, len(call_orders), r)  # each call slot idles as the kernel slots did
             for i in order:
-                _time_slot(torch, callers[i], True, r, len(call_orders), config)
+                _time_slot(torch, callers[i], True, r, len(call_orders), config, idle_s)
                 _raise_on_fault(torch, check_fault, slots, case, callers[i].peer.name + " (call)")
     return [s.row(case) if isinstance(s, _Timing) else s for s in slots]
 
@@ -385,7 +401,8 @@ def run_gpu(config: BenchConfig, progress=lambda line: print(line, file=sys.stde
     torch = cuda_torch()
     meta = run_meta(torch, config, config.matrix,
                     call_timing="call_ms: codegen.attention(...) (cuDNN: its SDPA call) by events between consecutive "
-                                "calls, no GPU sleep ahead (host time shows when the GPU waits for it); same rounds")
+                                "calls, nothing queued ahead (host time shows when the GPU waits for it); "
+                                + CALL_ROUNDS_TIMING[config.call_rounds])
     torch.manual_seed(config.seed)
     rows: list[Row] = []
     fault = None

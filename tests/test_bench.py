@@ -732,6 +732,7 @@ def test_gpu_check_rounds_keep_the_default_runs_calls_a_round():
     assert gpu_check.call_rounds_args("default", "shared") == ["--call-rounds", "shared"]
     assert gpu_check.call_rounds_args("decode", "shared") == []
     assert CALL_ROUNDS[0] == "apart" and gpu_check.call_rounds_args("fa4", "apart") == []
+    assert set(gpu_run.CALL_ROUNDS_TIMING) == set(CALL_ROUNDS)  # each result file says how its calls were placed
 
 
 def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
@@ -743,6 +744,9 @@ def test_time_call_samples_shows_the_host_time_once_the_gpu_waits():
     # and the host clock says so.
     samples, host_ms = gpu_run.time_call_samples(gpu, host_bound, warmup=2, iters=10, clock=clock)
     assert samples == pytest.approx([0.100] * 10) and host_ms == pytest.approx(0.100)
+    # An idle ahead (--call-rounds apart) is waited out: no call queues behind it, the samples are still host time.
+    samples, _ = gpu_run.time_call_samples(gpu, host_bound, warmup=2, iters=10, idle_s=5e-3, clock=clock)
+    assert samples == pytest.approx([0.100] * 10)
     # Under it, the calls queue up and a sample is the GPU time, as the kernel's timing (behind a sleep) says; the
     # host's own time is still its 10 us.
     samples, host_ms = gpu_run.time_call_samples(gpu, gpu_bound, warmup=2, iters=10, clock=clock)
@@ -800,6 +804,41 @@ def test_call_rounds_apart_times_the_calls_after_the_kernels(monkeypatch):
             parse_config(["--matrix", "decode", "--call-rounds", given])
     assert parse_config(["--matrix", "backward"]).call_rounds == "apart"
     assert parse_config(["--matrix", "backward", "--call-rounds", "shared"]).call_rounds == "shared"
+
+
+@pytest.mark.parametrize("mode", ["apart", "shared"])
+def test_call_rounds_apart_idle_each_call_slot_as_its_rounds_kernel_slots(monkeypatch, mode):
+    """Apart, a call slot runs after the same GPU idle as its round's kernel slots (under the power cap the idle
+    ahead sets the clock; back to back, the calls ran 7-12% slower than their kernels on an H100), waited out so
+    that nothing queues ahead of the timed calls: the host-bound call still shows its host time. Shared call slots
+    follow their kernel slot at once, as before."""
+    sleeps = []
+    original = _QueueGpu.sleep
+
+    def sleep(gpu, cycles):
+        gpu.log.append("sleep")
+        sleeps.append(cycles / check.ASSUMED_CLOCK_HZ)
+        original(gpu, cycles)
+
+    monkeypatch.setattr(_QueueGpu, "sleep", sleep)
+    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060),
+                         config_args=("--iters", "50", "--warmup", "3", "--call-rounds", mode))
+    assert by["flashgen"].ms == pytest.approx(0.060) and by["flashgen"].call_ms == pytest.approx(0.100)
+    assert by["cudnn"].call_ms == pytest.approx(0.080)
+    blocks = [name for name, _ in itertools.groupby(gpu.log)]
+    slots = 2 * len(round_orders(2))
+    if mode == "shared":  # the estimates' and the kernel slots' sleeps only; none beside a call block
+        assert len(sleeps) == 2 + slots
+        assert all("sleep" not in blocks[i - 1:i + 2] for i, b in enumerate(blocks) if b in ("cudnn call", "attention"))
+        return
+    calls = blocks[max(i for i, b in enumerate(blocks) if b in ("cudnn", "kernel")) + 1:]
+    # Each call slot: its warm-ups, a sleep, its timed calls (a slot's timed calls and the next slot's warm-ups
+    # of the same call are one block); the two estimates' sleeps, the kernel slots', then the call slots'.
+    assert calls.count("sleep") == slots and len(sleeps) == 2 + 2 * slots
+    assert all(calls[i - 1] == calls[i + 1] != "sleep" for i, b in enumerate(calls) if b == "sleep")
+    # The round's sleep (round_sleep_s); a kernel slot may add to it for its own warm-ups' host time.
+    assert sleeps[2 + slots:] == pytest.approx(sleeps[2:2 + slots], rel=0.01) and min(sleeps) > 0
+    assert sleeps[2 + slots::2] == sleeps[3 + slots::2]  # both call slots of a round alike
 
 
 @pytest.mark.parametrize("kind, why", [
