@@ -23,6 +23,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -31,8 +32,12 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench.config import CALL_ROUNDS, DECODE_MATRIX, DEFAULT_ITERS, MIN_ROUNDS  # noqa: E402
-from bench.report import COMMIT_ENV, ROOT, git_commit, working_tree  # noqa: E402
+from bench.report import COMMIT_ENV, ROOT, git_commit, load_rows, working_tree  # noqa: E402
 # ncu sections for --ncu: how busy the tensor pipe is, and why warps stall when it is not.
+# cuDNN's SDPA call spends a few microseconds of host time: on rows this long its call and its kernel time alike,
+# unless the call slots ran at another clock than the kernel slots (bench/LOG.md "h5 measured": 7-12% apart).
+CALL_CHECK_MIN_MS = 0.3
+CALL_OVER_KERNEL_MAX = 1.03
 NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # The sections give no per-reason breakdown without PC sampling; these metrics do (cycles a warp spends stalled
 # for each reason, per issued instruction).
@@ -119,6 +124,21 @@ def round_spread_step(results: pathlib.Path, out: pathlib.Path) -> tuple[str, st
     print(text, flush=True)
     last = text.strip().splitlines()[-1] if text.strip() else "(no output)"
     return ("round spread", "OK" if rc == 0 else f"FAIL rc={rc}", last, secs)
+
+
+def call_slot_step(results: pathlib.Path, pattern: str) -> tuple[str, str, str, float]:
+    """Whether the newest run's call slots saw the kernel slots' clock: cuDNN's call ms over its kernel ms, median over
+    the rows of at least CALL_CHECK_MIN_MS (WARN past CALL_OVER_KERNEL_MAX: the call columns are then biased)."""
+    runs = sorted(results.glob(pattern))
+    ratios = sorted(r.call_ms / r.ms for r in (load_rows(runs[-1]) if runs else [])
+                    if r.impl == "cudnn" and r.ok and r.call_ms and r.ms >= CALL_CHECK_MIN_MS)
+    if not ratios:
+        return ("call slots", "FAIL", f"no cuDNN row of {CALL_CHECK_MIN_MS} ms or more with its call in {results}", 0.0)
+    median = statistics.median(ratios)
+    status = "OK" if median <= CALL_OVER_KERNEL_MAX else "WARN"
+    detail = (f"cuDNN call / its kernel {median:.3f} (median of {len(ratios)} rows, {ratios[0]:.3f}-{ratios[-1]:.3f})"
+              + ("" if status == "OK" else ": the call slots ran at another clock, the call columns are biased"))
+    return ("call slots", status, detail, 0.0)
 
 
 def clock_step(item: str, out: pathlib.Path) -> tuple[str, str, str, float]:
@@ -351,6 +371,9 @@ def main() -> int:
                             if line.startswith("geomean")), "(no geomean)")
             summary.append((f"bench {matrix}", "OK" if rc == 0 else f"FAIL rc={rc}", f"geomean {geomean}", secs))
             print("\n".join(text.splitlines()[-14:]), flush=True)
+            if matrix in ("default", "fa4") and rc == 0:
+                pattern = "nvidia-*-fa4.json" if matrix == "fa4" else "nvidia-*Z.json"  # the default's have no suffix
+                summary.append(call_slot_step(results, pattern))
             if matrix == "default" and rc == 0:
                 summary.append(default_repeats(args.default_runs, results, out, args.rounds, args.call_rounds))
             if matrix == "fa4" and rc == 0:

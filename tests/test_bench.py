@@ -1837,6 +1837,30 @@ def test_gpu_check_reads_the_fa4_runs_rounds(tmp_path):
     assert causal.label in (tmp_path / "round-spread-fa4.log").read_text()
 
 
+def test_gpu_check_warns_when_the_call_slots_ran_at_another_clock(tmp_path):
+    """cuDNN's call and its kernel time alike on long rows; gpu_check says so, or warns that the call columns are
+    biased (session 61's first apart run: 1.147 in the default matrix). Short rows and failed rows are not read."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.call_slot_step(tmp_path, "nvidia-*Z.json")[1] == "FAIL"
+    long_case, other = Case(4, 4096, 32, 128, "bf16", True), Case(1, 16384, 16, 128, "bf16")
+    rows = [Row("cudnn", SEED, ms=0.06, call_ms=0.09),  # short: host time may show, not read
+            Row("cudnn", long_case, ms=1.00, call_ms=1.01), Row("cudnn", other, ms=3.0, call_ms=3.03),
+            Row("flashgen", long_case, ms=0.9, call_ms=1.5),  # not cuDNN: not read
+            Row("cudnn", Case(2, 4096, 16, 256, "bf16"), ms=0.8, call_ms=None)]  # its call not timed
+    (tmp_path / "nvidia-h100-20261207T000000Z.json").write_text(
+        json.dumps([dataclasses.replace(r, call_ms=r.call_ms and r.call_ms * 1.2).to_json() for r in rows]))
+    (tmp_path / "nvidia-h100-20261207T000000Z-fa4.json").write_text(json.dumps([rows[0].to_json()]))
+    name, status, detail, _ = gpu_check.call_slot_step(tmp_path, "nvidia-*Z.json")
+    assert status == "WARN" and detail.startswith("cuDNN call / its kernel 1.212 (median of 2 rows")
+    (tmp_path / "nvidia-h100-20261207T010000Z.json").write_text(json.dumps([r.to_json() for r in rows]))
+    name, status, detail, _ = gpu_check.call_slot_step(tmp_path, "nvidia-*Z.json")  # the newest run only
+    assert (name, status) == ("call slots", "OK")
+    assert detail == "cuDNN call / its kernel 1.010 (median of 2 rows, 1.010-1.010)"
+    assert gpu_check.call_slot_step(tmp_path, "nvidia-*-fa4.json")[1] == "FAIL"  # its one cuDNN row is short
+
+
 def test_ab_variant_knobs_take_the_api_types():
     """Every knob of codegen.api.KNOB_TYPES parses as its type (a new knob needs no second list in ab.py)."""
     ab = _load_ab()
