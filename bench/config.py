@@ -191,7 +191,7 @@ def parse_config(argv: Sequence[str]) -> BenchConfig:
 def _own_matrix_config(args, argv: Sequence[str]) -> BenchConfig:
     """`--matrix decode` and `--matrix backward`: their own cases, dtypes and implementations; only --iters,
     --warmup, --rounds, --seed, --out and --no-save apply, and for backward --peers, some of its implementations
-    (cudnn, the yardstick, is always added)."""
+    (cudnn, the yardstick, is always added), and --call-rounds."""
     matrix = args.matrix
     what, impls = OWN_MATRICES[matrix]
     takes_peers = matrix == BACKWARD_MATRIX

@@ -74,7 +74,7 @@ def measure(torch, peer: Peer, split, case: Case, inputs: Inputs, config: BenchC
 @dataclass
 class _Timing:
     """An implementation ready to time: its calls, its error, and the samples taken so far; and, when it has one,
-    what users call (next_user_call), timed in its own slot of the same rounds."""
+    what users call (next_user_call), timed in a slot of its own (measure_together says in which rounds)."""
 
     peer: Peer
     split: tuple[int, ...] | None
@@ -231,8 +231,8 @@ def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int, idle_s:
 
 
 # How each --call-rounds places the call slots, for the result files' call_timing.
-CALL_ROUNDS_TIMING = {"apart": "in interleaved rounds of their own after the kernels', each slot after the GPU idle "
-                               "of its round's kernel slots, waited out",
+CALL_ROUNDS_TIMING = {"apart": "in interleaved rounds of their own after the kernels', each slot after a GPU idle "
+                               "sized as the kernel slots' sleeps are, for its own calls, waited out",
                       "shared": "each slot right after its kernel's, in the kernels' rounds"}
 
 
@@ -247,8 +247,8 @@ def time_call_samples(torch, fn: Callable[[], object], *, warmup: int, iters: in
     calls queue up and a sample is the GPU time, as the kernel's is; once it is over, the GPU waits for the host
     between calls and a sample is the host's time per call. (The one event recorded per call, a few microseconds
     of host time, is in every implementation's call alike, and in the host time.) With idle_s, the GPU sleeps that
-    long after the warm-ups and the host waits it out before the timed calls: the idle ahead that a kernel slot
-    gets (its clock under the power cap), with the queue still empty when the calls start."""
+    long after the warm-ups and the host waits it out before the timed calls: an idle ahead like a kernel slot's
+    (under the power cap it sets the clock), with the queue still empty when the calls start."""
     for _ in range(max(1, warmup)):
         fn()
     torch.cuda.synchronize()
@@ -274,11 +274,10 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     timed in interleaved rounds (in round_orders' orders), and each row's time is the median of its
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
-    (call_ms, by time_call_samples) in its own slot right after its kernel's, in the same rounds (with
-    config.call_rounds "apart": in rounds of the calls' own after the kernels', each slot after the GPU idle its
-    round's kernel slots had); so has the yardstick's call
-    (cuDNN's SDPA call), when any other entry has one. With check_fault, a lost CUDA context
-    raises _ContextLost carrying the rows."""
+    (call_ms, by time_call_samples), and so has the yardstick's call (cuDNN's SDPA call) when any other entry has
+    one: with config.call_rounds "apart" (the default) in interleaved rounds of the calls' own after the kernels',
+    each call slot after the idle a kernel slot gets for as many calls; with "shared" in a slot right after its
+    kernel's, in the kernels' rounds. With check_fault, a lost CUDA context raises _ContextLost carrying the rows."""
     with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
     slots: list[_Timing | Row] = []
     for peer, split in entries:
@@ -299,7 +298,9 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
         callers = [t for t in timings if t.next_user_call]
         call_orders = round_orders(len(callers), config.rounds) if callers else []
         for r, order in enumerate(call_orders):
-            idle_s = round_sleep_s(timings, len(call_orders), r)  # each call slot idles as the kernel slots did
+            # The kernel slots' sleep, sized for this round's calls: the same idle per call (the call rounds may be
+            # fewer than the kernels', with more calls each; round_orders fits each count of implementations).
+            idle_s = round_sleep_s(timings, len(call_orders), r)
             for i in order:
                 _time_slot(torch, callers[i], True, r, len(call_orders), config, idle_s)
                 _raise_on_fault(torch, check_fault, slots, case, callers[i].peer.name + " (call)")

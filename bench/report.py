@@ -56,7 +56,8 @@ class Row(TimedRow):
     ratio_to_cudnn: float | None = None  # cuDNN ms / this ms: > 1 is faster than cuDNN
     err_vs_ours: float | None = None  # rel_err / flashgen's best rel_err
     # What users call (flashgen: codegen.attention(...), which checks, resolves, encodes and launches every call),
-    # timed in the same rounds with its host time visible (gpu_run.time_call_samples); the cuDNN yardstick's own
+    # timed in interleaved rounds with its host time visible (gpu_run.time_call_samples; where: the run's
+    # call_rounds, gpu_run.measure_together); the cuDNN yardstick's own
     # call is timed the same way, so call_vs_cudnn = cuDNN's call_ms / this call_ms. None: not timed (peers, and
     # results written before call_ms existed); call_error: why the call has no time (it raised, or its output
     # is wrong), while ms, the kernel through prepare(), may still stand.
@@ -339,7 +340,8 @@ def utc_stamp(now: _dt.datetime) -> str:
 
 CALL_NOTE = ("ms and vs cuDNN time the kernel (flashgen through codegen.api.prepare(), a launch only); call ms and "
              "call vs cuDNN time what users call (flashgen's codegen.attention(...), cuDNN's own SDPA call) with the "
-             "host's time visible, in the same rounds; \"flashgen call\" is flashgen's call vs cuDNN's call.")
+             "host's time visible, in interleaved rounds (call_rounds in the metadata); \"flashgen call\" is "
+             "flashgen's call vs cuDNN's call.")
 
 
 def results_markdown(result: BenchResult) -> str:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import bench.gpu_run as gpu_run
 from bench.cases import block_n_for, case_from, parse_shape
-from bench.config import BenchConfig
+from bench.config import CALL_ROUNDS, BenchConfig
 from bench.inputs import make_inputs
 from bench.peers import PEERS, peers_for
 from layouts.dtypes import DTYPE_NAMES
@@ -80,8 +80,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--sleep-ms", type=float, default=None,
-                        help="the GPU sleep ahead of every kernel slot (default: the benchmark's, the round's "
-                             "longest need)")
+                        help="the GPU sleep ahead of every kernel slot, and with --call-rounds apart the idle ahead "
+                             "of every call slot (default: the benchmark's, the round's longest need)")
+    parser.add_argument("--call-rounds", choices=CALL_ROUNDS, default=CALL_ROUNDS[0],
+                        help=f"where the calls' slots run, as gen.py bench --call-rounds (default {CALL_ROUNDS[0]})")
     parser.add_argument("--repeat", type=int, default=1, help="measure_together this many times")
     args = parser.parse_args(argv)
 
@@ -89,7 +91,8 @@ def main(argv: list[str]) -> int:
 
     case = case_from(parse_shape(args.shape), args.dtype, args.causal)
     config = BenchConfig(mode="matrix", cases=(case,), peers=("cudnn", *args.peer, "flashgen"), splits=(),
-                         iters=args.iters, warmup=args.warmup, seed=0, out=None, command="slot_probe")
+                         iters=args.iters, warmup=args.warmup, seed=0, out=None, command="slot_probe",
+                         call_rounds=args.call_rounds)
     sampler = ClockSampler()
     slots: list[dict] = []
     if args.sleep_ms is not None:
@@ -104,7 +107,7 @@ def main(argv: list[str]) -> int:
             clocks = sampler.between(t0, t1)
             new = samples[before:]
             slots.append({"impl": timing.peer.name + (" call" if kind == "call" else ""),
-                          "sleep_ms": sleep.get("sleep_s", 0.0) * 1e3,
+                          "sleep_ms": sleep.get("sleep_s", sleep.get("idle_s", 0.0)) * 1e3,
                           "ms": statistics.median(new) if new else None,
                           "mhz": statistics.fmean(clocks) if clocks else None,
                           "first_mhz": clocks[0] if clocks else None, "slot_s": t1 - t0})

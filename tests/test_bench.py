@@ -657,9 +657,11 @@ class _QueueEvent:
 REL_ERRS = {"right": 2.0e-3, "cudnn": 4.0e-3, "wrong": 0.5, "nan": math.nan}
 
 
-def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup", "3"), kernel_host_ms=0.001):
+def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup", "3"), kernel_host_ms=0.001,
+               extra=lambda gpu: []):
     """cuDNN (5 us of host, 80 us of GPU a call, SDPA alike through both paths) and one flashgen split (prepared:
-    1 us and 60 us; `attention`: the user's call), through measure_together and finalize."""
+    1 us and 60 us; `attention`: the user's call), and extra(gpu)'s (peer, split) entries after them, through
+    measure_together and finalize."""
     monkeypatch.setattr(check, "rel_err", lambda out, ref: REL_ERRS[out])
     gpu = _QueueGpu()
     cudnn = Peer("cudnn", gpu.calls("cudnn", 0.005, 0.080, "cudnn"), call=gpu.calls("cudnn call", 0.005, 0.080, "cudnn"),
@@ -668,7 +670,8 @@ def _call_rows(monkeypatch, attention, config_args=("--iters", "50", "--warmup",
     timed = gpu_run.time_call_samples  # the calls' host clock is the fake's
     monkeypatch.setattr(gpu_run, "time_call_samples", lambda *a, **k: timed(*a, clock=lambda: gpu.host / 1e3, **k))
     config = parse_config(["--shape", "1,1024,64,128", *config_args])
-    rows = finalize(measure_together(gpu, [(cudnn, None), (ours, (96, 32))], SEED, Inputs(sets=(), ref=None), config))
+    rows = finalize(measure_together(gpu, [(cudnn, None), (ours, (96, 32)), *extra(gpu)], SEED,
+                                     Inputs(sets=(), ref=None), config))
     return {r.impl: r for r in rows}, gpu
 
 
@@ -806,12 +809,13 @@ def test_call_rounds_apart_times_the_calls_after_the_kernels(monkeypatch):
     assert parse_config(["--matrix", "backward", "--call-rounds", "shared"]).call_rounds == "shared"
 
 
-@pytest.mark.parametrize("mode", ["apart", "shared"])
-def test_call_rounds_apart_idle_each_call_slot_as_its_rounds_kernel_slots(monkeypatch, mode):
-    """Apart, a call slot runs after the same GPU idle as its round's kernel slots (under the power cap the idle
+@pytest.mark.parametrize("mode, peers", [("apart", 2), ("shared", 2), ("apart", 4)])
+def test_call_rounds_apart_idle_each_call_slot_as_a_kernel_slot_of_as_many_calls(monkeypatch, mode, peers):
+    """Apart, a call slot runs after the GPU idle a kernel slot gets for as many calls (under the power cap the idle
     ahead sets the clock; back to back, the calls ran 7-12% slower than their kernels on an H100), waited out so
-    that nothing queues ahead of the timed calls: the host-bound call still shows its host time. Shared call slots
-    follow their kernel slot at once, as before."""
+    that nothing queues ahead of the timed calls: the host-bound call still shows its host time. With four
+    implementations, three with calls, the kernels take 8 rounds and the calls 6 (round_orders): each call slot's
+    idle is still sized for its own calls. Shared call slots follow their kernel slot at once, as before."""
     sleeps = []
     original = _QueueGpu.sleep
 
@@ -820,25 +824,38 @@ def test_call_rounds_apart_idle_each_call_slot_as_its_rounds_kernel_slots(monkey
         sleeps.append(cycles / check.ASSUMED_CLOCK_HZ)
         original(gpu, cycles)
 
+    def more(gpu):  # a peer without a call whose slow host path sizes every sleep, and a second flashgen split
+        monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)  # host times from the fake's clock
+        return [(Peer("fa4", gpu.calls("fa4", 0.200, 0.070)), None),
+                (Peer("flashgen[64+64]", gpu.calls("kernel2", 0.001, 0.065), call=gpu.calls("attention2", 0.100, 0.065)),
+                 (64, 64))] if peers == 4 else []
+
     monkeypatch.setattr(_QueueGpu, "sleep", sleep)
-    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060),
+    by, gpu = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060), extra=more,
                          config_args=("--iters", "50", "--warmup", "3", "--call-rounds", mode))
-    assert by["flashgen"].ms == pytest.approx(0.060) and by["flashgen"].call_ms == pytest.approx(0.100)
+    assert by["flashgen[96+32]"].ms == pytest.approx(0.060) and by["flashgen[96+32]"].call_ms == pytest.approx(0.100)
     assert by["cudnn"].call_ms == pytest.approx(0.080)
     blocks = [name for name, _ in itertools.groupby(gpu.log)]
-    slots = 2 * len(round_orders(2))
+    callers = 2 if peers == 2 else 3
+    kernel_rounds, call_rounds = len(round_orders(peers)), len(round_orders(callers))
+    kernel_slots, call_slots = peers * kernel_rounds, callers * call_rounds
     if mode == "shared":  # the estimates' and the kernel slots' sleeps only; none beside a call block
-        assert len(sleeps) == 2 + slots
+        assert len(sleeps) == peers + kernel_slots
         assert all("sleep" not in blocks[i - 1:i + 2] for i, b in enumerate(blocks) if b in ("cudnn call", "attention"))
         return
-    calls = blocks[max(i for i, b in enumerate(blocks) if b in ("cudnn", "kernel")) + 1:]
-    # Each call slot: its warm-ups, a sleep, its timed calls (a slot's timed calls and the next slot's warm-ups
-    # of the same call are one block); the two estimates' sleeps, the kernel slots', then the call slots'.
-    assert calls.count("sleep") == slots and len(sleeps) == 2 + 2 * slots
+    calls = blocks[max(i for i, b in enumerate(blocks) if b in ("cudnn", "kernel", "kernel2", "fa4")) + 1:]
+    # Each call slot: its warm-ups, a sleep, its timed calls (a slot's timed calls and the next slot's warm-ups of
+    # the same call are one block); the estimates' sleeps, the kernel slots', then the call slots'.
+    assert calls.count("sleep") == call_slots and len(sleeps) == peers + kernel_slots + call_slots
     assert all(calls[i - 1] == calls[i + 1] != "sleep" for i, b in enumerate(calls) if b == "sleep")
-    # The round's sleep (round_sleep_s); a kernel slot may add to it for its own warm-ups' host time.
-    assert sleeps[2 + slots:] == pytest.approx(sleeps[2:2 + slots], rel=0.01) and min(sleeps) > 0
-    assert sleeps[2 + slots::2] == sleeps[3 + slots::2]  # both call slots of a round alike
+    host_s = 200e-6 if peers == 4 else 5e-6  # the slowest enqueueing of the kernels sizes every slot's sleep
+
+    def per_round(rounds):
+        return [check.queue_ahead_s(host_s, gpu_run.round_iters(50, rounds, r)) for r in range(rounds)]
+
+    assert sleeps[peers:peers + kernel_slots] == pytest.approx([t for t in per_round(kernel_rounds) for _ in range(peers)])
+    assert sleeps[peers + kernel_slots:] == pytest.approx([t for t in per_round(call_rounds) for _ in range(callers)])
+    assert kernel_rounds != call_rounds or peers == 2  # the case the idle is sized for
 
 
 @pytest.mark.parametrize("kind, why", [
