@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .cases import BenchUsageError, Case
-from .config import DECODE_IMPLS, DECODE_MATRIX, BenchConfig
+from .config import DECODE_CALL_ROUNDS, DECODE_IMPLS, DECODE_MATRIX, BenchConfig
 from .report import TimedRow, _finite, _short, geomean, render_markdown, render_text, save_matrix_files, with_run_keys
 
 GPU_MEMORY_BYTES = 139 * 2**30  # the H200's memory, for the matrix's plan (each case is checked again at run time)
@@ -630,7 +630,9 @@ def bench_decode_case(torch, case: DecodeCase, config: BenchConfig, progress) ->
     fault = None
     decode._LAUNCHERS.clear()  # so that the case's own launcher is the one left (launcher_splits)
     try:
-        measured = measure_together(torch, entries, case.bench_case, inputs, config, check_fault=True)
+        # Decode's calls are timed right after their kernels, whatever the config was built with.
+        measured = measure_together(torch, entries, case.bench_case, inputs,
+                                    dataclasses.replace(config, call_rounds=DECODE_CALL_ROUNDS), check_fault=True)
     except _ContextLost as e:
         measured, fault = e.rows, e.reason
     check = f"rel_err: first {case.check_seqs} of {case.batch} sequences vs float64 kvcache_reference"

@@ -4,6 +4,7 @@ arithmetic, the JSON rows and files, the tables, the command line, and one case 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -260,9 +261,16 @@ def test_one_case_runs_end_to_end_on_cpu_tensors(monkeypatch):
     monkeypatch.setitem(decode.SDPA_BACKENDS, "cudnn", "MATH")
     case = DecodeCase(3, 2, 64, heads=4, kv_heads=2, dim=16)
     config = parse_config(["--matrix", "decode", "--iters", "10", "--warmup", "1", "--no-save"])
+    placed = []  # decode times each call right after its kernel, even under a config built for apart call rounds
+    together = gpu_run.measure_together
+    monkeypatch.setattr(gpu_run, "measure_together",
+                        lambda torch, entries, case, inputs, config, **k: (placed.append(config.call_rounds),
+                                                                            together(torch, entries, case, inputs,
+                                                                                     config, **k))[1])
     lines = []
-    rows, fault = decode.bench_decode_case(CpuTorch(torch), case, config, lines.append)
-    assert fault is None
+    rows, fault = decode.bench_decode_case(CpuTorch(torch), case, dataclasses.replace(config, call_rounds="apart"),
+                                           lines.append)
+    assert fault is None and placed == ["shared"]
     by = {r.impl: r for r in rows}
     assert list(by) == ["cudnn", "flash", "efficient", "flashgen"]
     assert by["efficient"].skipped.startswith("views, contiguous, repeated: ")  # one reason for all three forms
