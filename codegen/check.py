@@ -8,6 +8,19 @@ import time
 from typing import Callable
 
 
+# Score bytes a reference helper keeps alive per group of heads (several such matrices live at once): small enough
+# for six test workers on one 80 GB GPU beside the kernels' own tensors.
+SCORE_BYTES = 2**29
+
+
+def head_groups(batch: int, heads: int, bytes_per_head: int, budget: int):
+    """(b, slice of heads) groups whose score matrices of bytes_per_head each stay under budget (one head at least)."""
+    step = max(1, budget // max(1, bytes_per_head))
+    for b in range(batch):
+        for h0 in range(0, heads, step):
+            yield b, slice(h0, min(h0 + step, heads))
+
+
 def torch_dtype(name: str):
     """The torch dtype of a KernelSpec dtype name ("f16", "bf16")."""
     import torch
@@ -18,7 +31,8 @@ def torch_dtype(name: str):
 
 
 def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-              window: tuple[int, int] | None = None, softcap: float = 0.0, sinks=None, max_score_bytes: int = 2**31):
+              window: tuple[int, int] | None = None, softcap: float = 0.0, sinks=None,
+              max_score_bytes: int = SCORE_BYTES):
     """Attention in float64 on the inputs' device: (o, lse) with o in q's layout, lse (B, H, S_q).
 
     k and v may have fewer heads than q (grouped-query: query head h reads K/V head h // (H / H_kv)) and
@@ -37,21 +51,18 @@ def reference(q, k, v, *, causal: bool = False, scale: float | None = None, layo
     group = heads // kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     keep = band_mask(sq, sk, causal=causal, window=window, device=q.device)
-    step = max(1, max_score_bytes // (sq * max(sk, 1) * 8))
     o = torch.empty(batch, heads, sq, v.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.empty(batch, heads, sq, dtype=torch.float64, device=q.device)
-    for b in range(batch):
-        for h0 in range(0, heads, step):
-            hs = slice(h0, min(h0 + step, heads))
-            kv = torch.arange(hs.start, hs.stop, device=q.device) // group
-            scores = (q[b, hs].double() @ k[b, kv].double().transpose(-1, -2)) * scale
-            if softcap:
-                scores = softcap * torch.tanh(scores / softcap)
-            if keep is not None:
-                scores = scores.masked_fill(~keep, float("-inf"))
-            scores = _with_sinks(scores, sinks, hs)
-            lse[b, hs] = torch.logsumexp(scores, dim=-1)
-            o[b, hs] = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :sk] @ v[b, kv].double()
+    for b, hs in head_groups(batch, heads, sq * sk * 8, max_score_bytes):
+        kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+        scores = (q[b, hs].double() @ k[b, kv].double().transpose(-1, -2)) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        scores = _with_sinks(scores, sinks, hs)
+        lse[b, hs] = torch.logsumexp(scores, dim=-1)
+        o[b, hs] = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :sk] @ v[b, kv].double()
     if layout == "bshd":
         o = o.transpose(1, 2)
     return o, lse
@@ -99,19 +110,24 @@ def _band_scores(qb, kb, *, scale, softcap, causal, window):
     return scores if keep is None else scores.masked_fill(~keep, float("-inf"))
 
 def same_dtype_output(q, k, v, *, causal: bool = False, window=None, softcap: float = 0.0,
-                      scale: float | None = None, layout: str = "bshd", sinks=None):
+                      scale: float | None = None, layout: str = "bshd", sinks=None,
+                      max_score_bytes: int = SCORE_BYTES):
     """A flash-style computation in the inputs' dtype, returned in q's layout: products accumulated in float32,
     softmax in float32 (with `sinks` in its denominators), P rounded to the inputs' dtype before PV, the output
     rounded too. The yardstick for variants SDPA cannot run (softcap, sinks) or aligns differently (causal with
-    S_q != S_k)."""
+    S_q != S_k). Heads are processed in groups, as in `reference`."""
     import torch
 
     qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))  # (B, H, S, D)
-    group = qb.shape[1] // kb.shape[1]
-    kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
-    scores = _band_scores(qb, kb, scale=scale, softcap=softcap, causal=causal, window=window)
-    p = torch.softmax(_with_sinks(scores, sinks), dim=-1).nan_to_num(0.0)[..., :kb.shape[2]].to(q.dtype).float()
-    out = (p @ vb).to(q.dtype)
+    (batch, heads, sq, _), sk = qb.shape, kb.shape[2]
+    group = heads // kb.shape[1]
+    out = torch.empty(batch, heads, sq, vb.shape[-1], dtype=q.dtype, device=q.device)
+    for b, hs in head_groups(batch, heads, sq * sk * 4, max_score_bytes):
+        kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+        scores = _band_scores(qb[b:b + 1, hs], kb[b:b + 1, kv], scale=scale, softcap=softcap, causal=causal,
+                              window=window)
+        p = torch.softmax(_with_sinks(scores, sinks, hs), dim=-1).nan_to_num(0.0)[..., :sk].to(q.dtype).float()
+        out[b, hs] = (p @ vb[b:b + 1, kv])[0].to(q.dtype)
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
@@ -185,7 +201,7 @@ def same_dtype_output_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
 
 
 def reference_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None, layout: str = "bshd",
-                       window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = 2**31):
+                       window: tuple[int, int] | None = None, softcap: float = 0.0, max_score_bytes: int = SCORE_BYTES):
     """The gradients of `reference`'s o given do (q's shape), in float64: (dq, dk, dv) in the inputs' layout, dk
     and dv with k's heads (a K/V head sums over the query heads that read it).
 
@@ -204,32 +220,29 @@ def reference_backward(q, k, v, do, *, causal: bool = False, scale: float | None
     group = heads // kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     keep = band_mask(sq, sk, causal=causal, window=window, device=q.device)
-    step = max(1, max_score_bytes // max(1, sq * sk * 8))
     f64 = dict(dtype=torch.float64, device=q.device)
     dq = torch.zeros(batch, heads, sq, dim, **f64)
     dk = torch.zeros(batch, kv_heads, sk, dim, **f64)
     dv = torch.zeros(batch, kv_heads, sk, v.shape[-1], **f64)
-    for b in range(batch):
-        for h0 in range(0, heads, step):
-            hs = slice(h0, min(h0 + step, heads))
-            kv = torch.arange(hs.start, hs.stop, device=q.device) // group
-            qb, kb, vb, dob = q[b, hs].double(), k[b, kv].double(), v[b, kv].double(), do[b, hs].double()
-            scores = (qb @ kb.transpose(-1, -2)) * scale
-            capped = None
-            if softcap:
-                capped = torch.tanh(scores / softcap)
-                scores = softcap * capped
-            if keep is not None:
-                scores = scores.masked_fill(~keep, float("-inf"))
-            p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-            del scores
-            ds = dob @ vb.transpose(-1, -2)                          # dP, turned into dS in place
-            ds.sub_((p * ds).sum(-1, keepdim=True)).mul_(p)
-            if capped is not None:
-                ds.mul_(capped.square_().neg_().add_(1.0))           # d(softcap tanh(x / softcap)) = 1 - tanh^2
-            dq[b, hs] = (ds @ kb) * scale
-            dk[b].index_add_(0, kv, (ds.transpose(-1, -2) @ qb) * scale)
-            dv[b].index_add_(0, kv, p.transpose(-1, -2) @ dob)
+    for b, hs in head_groups(batch, heads, sq * sk * 8, max_score_bytes):
+        kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+        qb, kb, vb, dob = q[b, hs].double(), k[b, kv].double(), v[b, kv].double(), do[b, hs].double()
+        scores = (qb @ kb.transpose(-1, -2)) * scale
+        capped = None
+        if softcap:
+            capped = torch.tanh(scores / softcap)
+            scores = softcap * capped
+        if keep is not None:
+            scores = scores.masked_fill(~keep, float("-inf"))
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        del scores
+        ds = dob @ vb.transpose(-1, -2)                          # dP, turned into dS in place
+        ds.sub_((p * ds).sum(-1, keepdim=True)).mul_(p)
+        if capped is not None:
+            ds.mul_(capped.square_().neg_().add_(1.0))           # d(softcap tanh(x / softcap)) = 1 - tanh^2
+        dq[b, hs] = (ds @ kb) * scale
+        dk[b].index_add_(0, kv, (ds.transpose(-1, -2) @ qb) * scale)
+        dv[b].index_add_(0, kv, p.transpose(-1, -2) @ dob)
     if layout == "bshd":
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq, dk, dv

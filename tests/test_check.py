@@ -148,6 +148,22 @@ def test_same_dtype_output_with_sinks_is_the_yardstick():
     assert rel_err(without, ref) > 10 * rel_err(same, ref)  # the sinks matter at these values
 
 
+def test_same_dtype_output_in_head_groups_matches_the_whole_one():
+    # Grouped heads (two query heads a K/V head), a sink per head and a window: a group given the wrong K/V head,
+    # sink or batch is off by O(1) from the float64 reference; the same sums in another order differ from the whole
+    # batch's in float32's last bits at most.
+    torch = pytest.importorskip("torch")
+    from codegen.check import reference, rel_err, same_dtype_output
+
+    torch.manual_seed(3)
+    q = torch.randn(2, 40, 4, 32, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 56, 2, 32, dtype=torch.bfloat16) for _ in range(2))
+    options = dict(causal=True, window=(20, 0), sinks=torch.tensor([3.0, -1.0, 0.5, 6.0]))
+    whole = same_dtype_output(q, k, v, max_score_bytes=2**40, **options)
+    one_head_at_a_time = same_dtype_output(q, k, v, max_score_bytes=40 * 56 * 4, **options)
+    assert rel_err(one_head_at_a_time, whole) < 1e-3
+    assert rel_err(one_head_at_a_time, reference(q, k, v, **options)[0]) < 1e-2
+
 def test_reference_varlen_gives_sequences_without_keys_the_sink():
     torch = pytest.importorskip("torch")
     from codegen.check import reference, reference_varlen, same_dtype_output_varlen
