@@ -105,7 +105,8 @@ class BenchConfig:
     matrix: str | None = None
     rounds: int = MIN_ROUNDS  # interleaved timing rounds, at the least; --iters are spread over them
     # Where the user calls are timed (bench.gpu_run.measure_together): "apart", rounds of their own after the
-    # kernels' (h5, bench/LOG.md); "shared", each call slot right after its kernel's in the kernels' rounds.
+    # kernels' that replay them (h5, bench/LOG.md); "shared", each call slot right after its kernel's in the kernels'
+    # rounds.
     call_rounds: str = CALL_ROUNDS[0]
 
 
@@ -140,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "rounds: raise both together to keep a slot's calls (the defaults time ~17 a slot)")
     parser.add_argument("--call-rounds", choices=CALL_ROUNDS,
                         help="where the user calls (call_ms) are timed: apart (default), in rounds of their own after "
-                             "the kernels', so no kernel slot follows a call slot (bench/LOG.md h5); shared, each in "
-                             "a slot right after its kernel's, in the kernels' rounds. Forward and backward rows; "
+                             "the kernels' that replay them, each call in its kernel's slot (bench/LOG.md h5); "
+                             "shared, each in a slot right after its kernel's, in the kernels' rounds. Forward and "
+                             "backward rows; "
                              "the decode matrix times its own way")
     parser.add_argument("--split", action="append", default=[], metavar="96,32",
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")

@@ -194,28 +194,30 @@ def round_iters(total: int, rounds: int, r: int) -> int:
     return max(1, total * (r + 1) // rounds - total * r // rounds)
 
 
-def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: float = 0.0) -> None:
+def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: float = 0.0, keep: bool = True) -> None:
+    """One round of the kernel, behind a GPU sleep of at least sleep_s; without keep a stand-in, its samples dropped."""
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
             samples = time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters,
                                        min_sleep_s=sleep_s)
-            timing.samples += samples
-            timing.round_ms.append(statistics.median(samples))
+            if keep:
+                timing.samples += samples
+                timing.round_ms.append(statistics.median(samples))
     except Exception as e:
         timing.error = f"{type(e).__name__}: {e}"
 
 
 def _time_slot(torch, timing: _Timing, user_call: bool, r: int, rounds: int, config: BenchConfig,
-               sleep_s: float = 0.0) -> None:
+               sleep_s: float = 0.0, stand_in: bool = False) -> None:
     """Round r's slot of one implementation: its kernel (behind a GPU sleep of sleep_s) or its user call (after
     sleep_s of GPU sleep it waits out: nothing queues ahead of the calls); skipped once that timing has failed (a
-    failed kernel voids its calls)."""
+    failed kernel voids its calls). A stand-in runs the kernel as its slot would, untimed."""
     warmup = config.warmup if r == 0 else ROUND_WARMUP
     iters = round_iters(timing.iters, rounds, r)
     if user_call and timing.error is None and timing.call_error is None:
         _time_call_round(torch, timing, warmup=warmup, iters=iters, idle_s=sleep_s)
     elif not user_call and timing.error is None:
-        _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s)
+        _time_round(torch, timing, warmup=warmup, iters=iters, sleep_s=sleep_s, keep=not stand_in)
 
 
 def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int, idle_s: float = 0.0) -> None:
@@ -231,8 +233,9 @@ def _time_call_round(torch, timing: _Timing, *, warmup: int, iters: int, idle_s:
 
 
 # How each --call-rounds places the call slots, for the result files' call_timing.
-CALL_ROUNDS_TIMING = {"apart": "in interleaved rounds of their own after the kernels', each slot after a GPU idle "
-                               "sized as the kernel slots' sleeps are, for its own calls, waited out",
+CALL_ROUNDS_TIMING = {"apart": "in rounds of their own after the kernels': the kernels' rounds again, in the same "
+                               "orders and behind the same GPU idles (waited out), each call in its kernel's slot and "
+                               "an implementation without a call running its kernel untimed",
                       "shared": "each slot right after its kernel's, in the kernels' rounds"}
 
 
@@ -275,9 +278,10 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     samples over all rounds. Interleaving makes the ratios between implementations immune to the clock
     drifting during the run. An entry whose peer has a `call` (flashgen's attention()) also has that call timed
     (call_ms, by time_call_samples), and so has the yardstick's call (cuDNN's SDPA call) when any other entry has
-    one: with config.call_rounds "apart" (the default) in interleaved rounds of the calls' own after the kernels',
-    each call slot after the idle a kernel slot gets for as many calls; with "shared" in a slot right after its
-    kernel's, in the kernels' rounds. With check_fault, a lost CUDA context raises _ContextLost carrying the rows."""
+    one: with config.call_rounds "apart" (the default) in rounds after the kernels' that replay them (the same
+    orders and idles, each call in its kernel's slot, an implementation without a call standing in with its kernel,
+    untimed); with "shared" in a slot right after its kernel's, in the kernels' rounds. With check_fault, a lost
+    CUDA context raises _ContextLost carrying the rows."""
     with_calls = any(peer.call is not None and not peer.yardstick for peer, _ in entries)
     slots: list[_Timing | Row] = []
     for peer, split in entries:
@@ -294,16 +298,16 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
         for timing, user_call in timed:  # a shared call slot follows its kernel's at once, as before h5
             _time_slot(torch, timing, user_call, r, len(orders), config, 0.0 if user_call else sleep_s)
             _raise_on_fault(torch, check_fault, slots, case, timing.peer.name + (" (call)" if user_call else ""))
-    if apart:  # the calls' rounds, after the kernels': no kernel slot follows a call slot
-        callers = [t for t in timings if t.next_user_call]
-        call_orders = round_orders(len(callers), config.rounds) if callers else []
-        for r, order in enumerate(call_orders):
-            # The kernel slots' sleep, sized for this round's calls: the same idle per call (the call rounds may be
-            # fewer than the kernels', with more calls each; round_orders fits each count of implementations).
-            idle_s = round_sleep_s(timings, len(call_orders), r)
+    if apart and any(t.next_user_call for t in timings):
+        # The calls' rounds replay the kernels': under the power cap a slot's clock answers the power of the slots
+        # before it, so a call slot gets its kernel slot's neighbours (a slow peer's kernel, untimed, included).
+        for r, order in enumerate(orders):
+            sleep_s = round_sleep_s(timings, len(orders), r)
             for i in order:
-                _time_slot(torch, callers[i], True, r, len(call_orders), config, idle_s)
-                _raise_on_fault(torch, check_fault, slots, case, callers[i].peer.name + " (call)")
+                caller = timings[i].next_user_call is not None and timings[i].call_error is None
+                _time_slot(torch, timings[i], caller, r, len(orders), config, sleep_s, stand_in=not caller)
+                _raise_on_fault(torch, check_fault, slots, case,
+                                timings[i].peer.name + (" (call)" if caller else " (stand-in)"))
     return [s.row(case) if isinstance(s, _Timing) else s for s in slots]
 
 
