@@ -143,8 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the user calls (call_ms) are timed: apart (default), in rounds of their own after "
                              "the kernels' that replay them, each call in its kernel's slot (bench/LOG.md h5); "
                              "shared, each in a slot right after its kernel's, in the kernels' rounds. Forward and "
-                             "backward rows; "
-                             "the decode matrix times its own way")
+                             "backward rows; the decode matrix times its own way")
     parser.add_argument("--split", action="append", default=[], metavar="96,32",
                         help="flashgen PV split to time (repeatable; default: every split valid for the shape)")
     parser.add_argument("--peers", metavar="LIST",

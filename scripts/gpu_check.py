@@ -241,8 +241,7 @@ def main() -> int:
     parser.add_argument("--call-rounds", choices=CALL_ROUNDS, default=CALL_ROUNDS[0],
                         help="gen.py bench --call-rounds for every matrix but decode: 'apart' times the user calls "
                              "in rounds of their own after the kernels' that replay them, 'shared' each right "
-                             "after its kernel "
-                             f"(default {CALL_ROUNDS[0]})")
+                             f"after its kernel (default {CALL_ROUNDS[0]})")
     parser.add_argument("--workers", type=int, default=None,
                         help="pytest-xdist workers (compiles run in parallel; default: one per WORKER_GIB of the GPU's "
                              f"memory, at most {MAX_WORKERS})")
