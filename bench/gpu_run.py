@@ -195,7 +195,9 @@ def round_iters(total: int, rounds: int, r: int) -> int:
 
 
 def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: float = 0.0, keep: bool = True) -> None:
-    """One round of the kernel, behind a GPU sleep of at least sleep_s; without keep a stand-in, its samples dropped."""
+    """One round of the kernel, behind a GPU sleep of at least sleep_s. Without keep a stand-in: its samples are
+    dropped, and so is a failure (its kernel rounds are measured already; a lost context still raises in
+    measure_together's fault check)."""
     try:
         with timing.peer.context(torch), timing.peer.steady(torch):
             samples = time_gpu_samples(torch, lambda: timing.next_call()(), warmup=warmup, iters=iters,
@@ -204,7 +206,8 @@ def _time_round(torch, timing: _Timing, *, warmup: int, iters: int, sleep_s: flo
                 timing.samples += samples
                 timing.round_ms.append(statistics.median(samples))
     except Exception as e:
-        timing.error = f"{type(e).__name__}: {e}"
+        if keep:
+            timing.error = f"{type(e).__name__}: {e}"
 
 
 def _time_slot(torch, timing: _Timing, user_call: bool, r: int, rounds: int, config: BenchConfig,
@@ -290,8 +293,10 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
     timings = [s for s in slots if isinstance(s, _Timing)]
     apart = config.call_rounds == "apart"
     orders = round_orders(len(timings), config.rounds)
+    sleeps = []  # each kernel round's, for the calls' rounds to replay
     for r, order in enumerate(orders):
         sleep_s = round_sleep_s(timings, len(orders), r)
+        sleeps.append(sleep_s)
         # shared: each implementation's slots are its kernel's, then its user call's where it has one.
         timed = [(timings[i], user_call) for i in order
                  for user_call in ((False, True) if timings[i].next_user_call and not apart else (False,))]
@@ -302,7 +307,7 @@ def measure_together(torch, entries, case: Case, inputs: Inputs, config: BenchCo
         # The calls' rounds replay the kernels': under the power cap a slot's clock answers the power of the slots
         # before it, so a call slot gets its kernel slot's neighbours (a slow peer's kernel, untimed, included).
         for r, order in enumerate(orders):
-            sleep_s = round_sleep_s(timings, len(orders), r)
+            sleep_s = sleeps[r]  # the kernel round's, even where a timing failed since
             for i in order:
                 caller = timings[i].next_user_call is not None and timings[i].call_error is None
                 _time_slot(torch, timings[i], caller, r, len(orders), config, sleep_s, stand_in=not caller)

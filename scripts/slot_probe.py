@@ -106,7 +106,8 @@ def main(argv: list[str]) -> int:
             t1 = time.perf_counter()
             clocks = sampler.between(t0, t1)
             new = samples[before:]
-            slots.append({"impl": timing.peer.name + (" call" if kind == "call" else ""),
+            role = " call" if kind == "call" else "" if sleep.get("keep", True) else " stand-in"  # untimed: no ms
+            slots.append({"impl": timing.peer.name + role,
                           "sleep_ms": sleep.get("sleep_s", sleep.get("idle_s", 0.0)) * 1e3,
                           "ms": statistics.median(new) if new else None,
                           "mhz": statistics.fmean(clocks) if clocks else None,
@@ -130,7 +131,7 @@ def main(argv: list[str]) -> int:
             print(f"{i:3d} {s['impl']:<16} {s['sleep_ms']:7.2f} {s['ms'] or 0:8.4f} {s['mhz'] or 0:7.0f} "
                   f"{s['first_mhz'] or 0:6.0f} {s['slot_s']:6.3f}")
         yard = next(r for r in rows if r.impl == "cudnn")
-        for impl in dict.fromkeys(s["impl"] for s in slots[first:]):
+        for impl in dict.fromkeys(s["impl"] for s in slots[first:] if not s["impl"].endswith(" stand-in")):
             mine = [s for s in slots[first:] if s["impl"] == impl]
             mhz = [s["mhz"] for s in mine if s["mhz"]]
             row = next((r for r in rows if r.impl == impl.split()[0]), None)

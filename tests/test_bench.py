@@ -857,6 +857,47 @@ def test_call_rounds_apart_replay_the_kernel_rounds_with_the_calls_in_place(monk
         assert by["fa4"].iters == 50
 
 
+@pytest.mark.parametrize("fails", ["in its stand-in", "in the third kernel round"])
+def test_the_call_rounds_replay_the_kernel_rounds_sleeps_and_a_stand_in_measures_nothing(monkeypatch, fails):
+    """FA4 (no call, 200 us of host a launch) fails once it stands in, or in its third kernel round. A stand-in's
+    failure is not its row's (the kernel rounds measured it); each call round sleeps as its kernel round did, though
+    after FA4's failure its host path sized no later kernel round's sleep."""
+    slots, kernel_rounds_run = [], collections.Counter()
+    original_slot = gpu_run._time_slot
+
+    def time_slot(torch, timing, user_call, r, rounds, config, sleep_s=0.0, stand_in=False):
+        replay = user_call or stand_in
+        slots.append((replay, r, sleep_s))
+        kernel_rounds_run[timing.peer.name] += not replay
+        original_slot(torch, timing, user_call, r, rounds, config, sleep_s, stand_in)
+
+    def more(gpu):
+        monkeypatch.setattr(gpu_run.time, "perf_counter", lambda: gpu.host / 1e3)  # host times from the fake's clock
+
+        def make(torch, inputs, case):
+            def call():
+                replaying = any(replay for replay, _, _ in slots)
+                if replaying if fails == "in its stand-in" else kernel_rounds_run["fa4"] >= 3:
+                    raise RuntimeError("CUDA error: out of memory")
+                gpu.host += 0.200
+                gpu.gpu = max(gpu.gpu, gpu.host) + 0.070
+                return "right"
+            return [call]
+        return [(Peer("fa4", make), None)]
+
+    monkeypatch.setattr(gpu_run, "_time_slot", time_slot)
+    by, _ = _call_rows(monkeypatch, lambda gpu: gpu.calls("attention", 0.100, 0.060), extra=more)
+    assert by["flashgen"].call_ms == pytest.approx(0.100) and by["cudnn"].call_ms == pytest.approx(0.080)
+    rounds = len(round_orders(3))
+    if fails == "in its stand-in":
+        assert by["fa4"].ok and by["fa4"].ms == pytest.approx(0.070) and len(by["fa4"].round_ms) == rounds
+    else:
+        assert by["fa4"].error == "RuntimeError: CUDA error: out of memory"
+    kernel_sleep = {r: sleep for replay, r, sleep in slots if not replay}
+    assert len(kernel_sleep) == rounds and all(sleep == kernel_sleep[r] for replay, r, sleep in slots)
+    assert (kernel_sleep[0] > kernel_sleep[rounds - 1]) == (fails != "in its stand-in")  # FA4's need gone or not
+
+
 @pytest.mark.parametrize("kind, why", [
     ("wrong", "wrong output: rel err 5.00e-01, the kernel's 2.00e-03"),
     ("nan", "output holds NaN or inf"),

@@ -148,21 +148,30 @@ def test_same_dtype_output_with_sinks_is_the_yardstick():
     assert rel_err(without, ref) > 10 * rel_err(same, ref)  # the sinks matter at these values
 
 
-def test_same_dtype_output_in_head_groups_matches_the_whole_one():
-    # Grouped heads (two query heads a K/V head), a sink per head and a window: a group given the wrong K/V head,
-    # sink or batch is off by O(1) from the float64 reference; the same sums in another order differ from the whole
-    # batch's in float32's last bits at most.
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("heads_a_group", [1, 3])
+def test_same_dtype_output_in_head_groups_matches_the_whole_batch(layout, heads_a_group):
+    # Grouped heads (two query heads a K/V head), a sink per head, a window, S_q != S_k, groups of one head or of
+    # three (the last group one head): the same sums as the whole batch at once with K/V repeated per query head.
     torch = pytest.importorskip("torch")
-    from codegen.check import reference, rel_err, same_dtype_output
+    from codegen.check import _band_scores, _with_sinks, rel_err, same_dtype_output
 
     torch.manual_seed(3)
     q = torch.randn(2, 40, 4, 32, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 56, 2, 32, dtype=torch.bfloat16) for _ in range(2))
-    options = dict(causal=True, window=(20, 0), sinks=torch.tensor([3.0, -1.0, 0.5, 6.0]))
-    whole = same_dtype_output(q, k, v, max_score_bytes=2**40, **options)
-    one_head_at_a_time = same_dtype_output(q, k, v, max_score_bytes=40 * 56 * 4, **options)
-    assert rel_err(one_head_at_a_time, whole) < 1e-3
-    assert rel_err(one_head_at_a_time, reference(q, k, v, **options)[0]) < 1e-2
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    options = dict(causal=True, window=(20, 0))
+    sinks = torch.tensor([3.0, -1.0, 0.5, 6.0])
+    grouped = same_dtype_output(q, k, v, layout=layout, sinks=sinks, max_score_bytes=heads_a_group * 40 * 56 * 4,
+                                **options)
+    qb, kb, vb = ((t.transpose(1, 2) if layout == "bshd" else t).float() for t in (q, k, v))
+    kb, vb = kb.repeat_interleave(2, dim=1), vb.repeat_interleave(2, dim=1)
+    p = torch.softmax(_with_sinks(_band_scores(qb, kb, scale=None, softcap=0.0, **options), sinks), dim=-1)
+    whole = (p.nan_to_num(0.0)[..., :56].to(q.dtype).float() @ vb).to(q.dtype)
+    # An order of sums other than the whole batch's may move a bf16 rounding; a wrong head, batch or sink is O(1) off.
+    assert rel_err(grouped, whole.transpose(1, 2) if layout == "bshd" else whole) < 1e-3
+
 
 def test_reference_varlen_gives_sequences_without_keys_the_sink():
     torch = pytest.importorskip("torch")
