@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import pathlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -292,6 +293,8 @@ def _flex_varlen_calls(torch, inputs: Inputs, case: Case):
 # causal=True sets window_size_right = 0, and flash_attn/cute/mask.py aligns it to the bottom right:
 # col_limit_right = row + 1 + seqlen_k - seqlen_q (causal_row_offset), as codegen.check.reference does.
 FA4_MODULE = "flash_attn.cute"
+# Where `scripts/fa4-site.sh finish` unpacks FA4 on the GPU machine (the checkout's .fa4site, git-ignored).
+FA4_SITE = pathlib.Path(__file__).resolve().parent.parent / ".fa4site"
 
 
 def fa4_function():
@@ -301,6 +304,9 @@ def fa4_function():
         return importlib.import_module(FA4_MODULE).flash_attn_func
     except Exception as e:  # whatever the import raises is the row's reason, never the end of the run
         reason = " ".join(f"{type(e).__name__}: {e}".split())
+        if isinstance(e, ModuleNotFoundError) and (FA4_SITE / "flash_attn").is_dir():
+            reason += (f" ({FA4_SITE} holds it, off sys.path: `. scripts/fa4-site.sh finish` exports the PYTHONPATH "
+                       "that finds it, and a command's own PYTHONPATH=... replaces that one)")
         raise Unavailable(f"FlashAttention-4 ({FA4_MODULE}) does not import: {reason}") from None
 
 

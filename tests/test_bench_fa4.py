@@ -143,6 +143,21 @@ def test_fa4_really_absent_here_is_skipped_not_a_crash():
     assert "\n" not in row.skipped and not row.error
 
 
+def test_fa4_unpacked_but_off_the_path_says_how_to_put_it_on(monkeypatch, tmp_path):
+    # Session 62 lost an A/B to `PYTHONPATH=. python3 scripts/ab.py` after `. scripts/fa4-site.sh finish`.
+    import bench.peers
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    monkeypatch.setattr(bench.peers, "FA4_SITE", tmp_path / ".fa4site")
+    with pytest.raises(Unavailable) as bare:
+        fa4_function()
+    (tmp_path / ".fa4site" / "flash_attn").mkdir(parents=True)
+    with pytest.raises(Unavailable) as unpacked:
+        fa4_function()
+    assert str(unpacked.value).startswith(str(bare.value) + f" ({tmp_path / '.fa4site'} holds it, off sys.path: ")
+    assert "fa4-site.sh finish" in str(unpacked.value) and "fa4-site" not in str(bare.value)
+
+
 def test_any_error_on_import_is_a_one_line_skip(monkeypatch):
     real = importlib.import_module
 
